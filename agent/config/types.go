@@ -1,0 +1,116 @@
+// Package config loads and validates napd's TOML configuration
+// (/etc/napd/napd.toml). The types here are the resolved form every other
+// part of napd reads: sizes are bytes, durations are time.Duration, and each
+// model carries its effective policy (its own value or the [policy] default).
+package config
+
+import "time"
+
+// Sleep strategies a model may name in `sleep`.
+const (
+	SleepStop   = "stop"
+	SleepVLLML1 = "vllm-l1"
+	SleepVLLML2 = "vllm-l2"
+	SleepSGLang = "sglang"
+	SleepNone   = "none"
+)
+
+// Supervisor backends for agent.supervisor.
+const (
+	SupervisorAuto    = "auto"
+	SupervisorSystemd = "systemd"
+	SupervisorExec    = "exec"
+)
+
+// Policies for policy.arrival_while_draining.
+const (
+	ArrivalCancelDrain = "cancel-drain"
+	ArrivalRefuse      = "refuse"
+)
+
+// Transports for models.NAME.transport.
+const (
+	TransportHTTP = "http"
+	TransportZMQ  = "zmq"
+)
+
+// Config is a loaded, validated configuration.
+type Config struct {
+	// Path is the file it was read from.
+	Path     string
+	Agent    Agent
+	Gateway  Gateway
+	Policy   Policy
+	Pressure Pressure
+	// Models in the order they appear in the file.
+	Models []*Model
+}
+
+// Agent is the [agent] table.
+type Agent struct {
+	Supervisor    string // "auto" | "systemd" | "exec"
+	StateDir      string
+	ControlSocket string
+	MetricsListen string // "" = off
+	EventsAddress string // "" = off
+	LogLevel      string // "debug" | "info" | "warn" | "error"
+}
+
+// Gateway is the [gateway] table.
+type Gateway struct {
+	Listen         []string
+	MaxBody        int64
+	RequestTimeout time.Duration
+	APIKeysFile    string
+}
+
+// Policy is the [policy] table: defaults every model inherits.
+type Policy struct {
+	IdleTimeout          time.Duration // 0 = never unload for idleness
+	DrainTimeout         time.Duration
+	ArrivalWhileDraining string
+	WakeAttempts         int
+	WakeTimeout          time.Duration
+	AllowUntrackedUnload bool
+}
+
+// Pressure is the [pressure] table.
+type Pressure struct {
+	GPUReserve   int64
+	HostReserve  int64
+	PSISomeAvg10 float64
+}
+
+// Model is one [models.NAME] table with every policy value resolved.
+type Model struct {
+	Name string
+
+	// Exactly one of Command and Unit is set.
+	Command []string // ${PORT} not yet expanded: see ExpandPort
+	Unit    string
+
+	Port             int // 0 = allocate a free port at start
+	Aliases          []string
+	Health           string // path, default "/health"
+	Sleep            string // one of the Sleep* constants
+	GPUs             []int
+	GPUMemory        int64 // bytes; 0 = unknown, learned when awake
+	MaxConcurrency   int
+	Queue            int
+	Pinned           bool
+	Environment      map[string]string
+	Listen           string // optional dedicated gateway socket
+	Transport        string // "http" | "zmq"
+	Address          string // ZMQ address when Transport == "zmq"
+	WorkingDirectory string
+	User             string
+	StopTimeout      time.Duration
+
+	// Effective policy: the model's own value, else [policy]'s.
+	IdleTimeout          time.Duration
+	DrainTimeout         time.Duration
+	ArrivalWhileDraining string
+	WakeAttempts         int
+	WakeTimeout          time.Duration
+	AllowUntrackedUnload bool
+}

@@ -1,0 +1,102 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Models is what the gateway asks of napd's model layer. The agent implements
+// it on top of the lease tracker, the lifecycle and the supervisor; the
+// gateway itself decides nothing about sleep or wake.
+type Models interface {
+	// Resolve maps a model name or alias to the model's name.
+	Resolve(nameOrAlias string) (model string, ok bool)
+	// List describes every model, for GET /v1/models.
+	List() []ModelInfo
+	// Admit takes a lease for one request and waits, within ctx, until the
+	// model is awake (waking it if needed) and a concurrency slot is free.
+	// It fails with a *Refusal (the model cannot take work) or with
+	// ctx.Err() (the deadline ran out or the client left). A request whose
+	// idempotency key is already in flight (same client) waits for that one
+	// and gets its Replay; if that one was cancelled, this one runs.
+	Admit(ctx context.Context, a Admission) (*Ticket, error)
+	// QueueDepth is the number of requests waiting for a slot on model.
+	QueueDepth(model string) int
+}
+
+// Kind classifies a request for its lease.
+type Kind string
+
+// Request kinds.
+const (
+	KindChat       Kind = "chat"
+	KindCompletion Kind = "completion"
+	KindEmbedding  Kind = "embedding"
+	KindOther      Kind = "other"
+)
+
+// Admission describes a request asking for a slot. It carries no body,
+// prompt or credential.
+type Admission struct {
+	Model          string
+	Client         string // the API key's name, or "" when keys are off
+	Kind           Kind
+	Stream         bool
+	IdempotencyKey string // "" when none
+}
+
+// Ticket is an admitted request. Exactly one of these holds:
+//   - Replay != nil: a finished response for the same idempotency key; send
+//     it and call Done(Outcome{Replayed: true}).
+//   - Target != nil: forward to it, then call Done with the outcome.
+type Ticket struct {
+	// Target is the engine's root URL; Transport reaches it (an HTTP
+	// transport tuned for the engine, or a ZMQ adapter).
+	Target    *url.URL
+	Transport http.RoundTripper
+	// WakeWait is how long this request waited for a wake (0 when none).
+	WakeWait time.Duration
+	// Replay is a stored response for a finished request with the same key.
+	Replay *StoredResponse
+	// Done releases the lease. It must be called exactly once.
+	Done func(Outcome)
+}
+
+// Outcome is how an admitted request ended.
+type Outcome struct {
+	// Cancelled: the client left or the deadline ran out before the
+	// response was complete. A cancelled request is not remembered.
+	Cancelled bool
+	// Response is the complete response to remember for idempotent
+	// replays; nil when there is no key or the response was too large.
+	Response *StoredResponse
+}
+
+// StoredResponse is a finished response kept in memory for replays.
+type StoredResponse struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// ModelInfo is one entry of GET /v1/models.
+type ModelInfo struct {
+	Name    string
+	Aliases []string
+	State   string // lifecycle state, e.g. "awake", "sleeping"
+	Reason  string // why it is in that state, when there is something to say
+}
+
+// Refusal is a request the model cannot take: the gateway answers Status
+// (503 unless said otherwise) with an OpenAI-shaped error and, when
+// RetryAfter > 0, a Retry-After header.
+type Refusal struct {
+	Status     int
+	Code       string // OpenAI error code, e.g. "model_failed", "queue_full"
+	Message    string
+	RetryAfter time.Duration
+}
+
+func (r *Refusal) Error() string { return r.Message }

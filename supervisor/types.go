@@ -1,0 +1,120 @@
+// Package supervisor starts, stops, sleeps, wakes and health-checks inference
+// engines. A Backend runs the engine process (a systemd unit over D-Bus, or a
+// child process group); the Supervisor on top of it adds sleep strategies and
+// verified health, the same for every backend.
+package supervisor
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Spec is everything a backend needs to run one model's engine. The agent
+// builds it from the config; ${PORT} is already expanded.
+type Spec struct {
+	Model            string
+	Command          []string // set when napd owns the process
+	Unit             string   // set when an operator-owned unit is controlled instead
+	Port             int
+	Environment      map[string]string
+	GPUs             []int // CUDA_VISIBLE_DEVICES
+	WorkingDirectory string
+	User             string
+	Health           string // health path, e.g. "/health"
+	Sleep            string // sleep strategy (config.Sleep*)
+	StopTimeout      time.Duration
+}
+
+// BaseURL is the engine's HTTP root on loopback.
+func (s Spec) BaseURL() string {
+	return "http://127.0.0.1:" + strconv.Itoa(s.Port)
+}
+
+// UnitName is the systemd unit that runs the engine: the operator's unit, or
+// napd's transient napd-engine-<model>.service.
+func (s Spec) UnitName() string {
+	if s.Unit != "" {
+		return s.Unit
+	}
+	return UnitPrefix + s.Model + ".service"
+}
+
+// UnitPrefix starts the name of every transient unit napd creates.
+const UnitPrefix = "napd-engine-"
+
+// ProcState is what a backend can tell about an engine's process.
+type ProcState int
+
+const (
+	// ProcUnknown: the backend could not tell (no answer).
+	ProcUnknown ProcState = iota
+	// ProcStopped: no process runs (never started, or stopped cleanly).
+	ProcStopped
+	// ProcStarting: the process/unit is starting or running but not yet
+	// known to be healthy.
+	ProcStarting
+	// ProcRunning: the process/unit runs.
+	ProcRunning
+	// ProcFailed: the process exited on its own or the unit failed.
+	ProcFailed
+)
+
+func (s ProcState) String() string {
+	switch s {
+	case ProcStopped:
+		return "stopped"
+	case ProcStarting:
+		return "starting"
+	case ProcRunning:
+		return "running"
+	case ProcFailed:
+		return "failed"
+	}
+	return "unknown"
+}
+
+// Status is a backend's view of one engine.
+type Status struct {
+	State  ProcState
+	Reason string // exit status, systemd Result, … ("" when nothing to say)
+	Unit   string // unit name (systemd) or "" (exec)
+	PIDs   []int  // processes of the engine (cgroup or process group)
+	// MemoryBytes is the engine's own memory (cgroup memory.current /
+	// systemd MemoryCurrent); HaveMemory is false when not measured.
+	MemoryBytes int64
+	HaveMemory  bool
+}
+
+// Event is a change of an engine's process state, with its reason. Backends
+// deliver them as they happen (D-Bus signals, wait(2)), never by polling.
+type Event struct {
+	Model  string
+	State  ProcState
+	Reason string
+	Time   time.Time
+}
+
+// Backend runs engine processes. Implementations: exec (process groups) and
+// systemd (transient units over D-Bus). All methods are safe for concurrent
+// use; calls for one model are serialised by the caller.
+type Backend interface {
+	// Name is "systemd" or "exec".
+	Name() string
+	// Start starts the engine and returns once the process/unit is started
+	// (systemd: the start job finished "done"); it does not wait for health.
+	Start(ctx context.Context, spec Spec) error
+	// Stop stops the engine (SIGTERM to the group, SIGKILL after
+	// spec.StopTimeout) and returns once it is gone.
+	Stop(ctx context.Context, spec Spec) error
+	// Status reports the engine's process state.
+	Status(ctx context.Context, spec Spec) (Status, error)
+	// Running lists the models whose engines this backend finds running or
+	// loaded (systemd: napd-engine-* units), for reconciliation at start.
+	Running(ctx context.Context) ([]string, error)
+	// Events streams process state changes. The channel is closed by Close.
+	Events() <-chan Event
+	// Close releases the backend. exec: stops every engine (no orphans).
+	// systemd: leaves units running (they are adopted on the next start).
+	Close() error
+}
