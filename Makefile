@@ -1,0 +1,39 @@
+# napd — build, test and lint. `make help` lists the targets.
+
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+# Every Go file of the module's packages (go list skips .cache, testdata and
+# the systemd test box, which a plain `gofmt -l .` would walk into).
+GOFILES = $(shell $(GO) list -e -f '{{$$d := .Dir}}{{range .GoFiles}}{{$$d}}/{{.}} {{end}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .IgnoredGoFiles}}{{$$d}}/{{.}} {{end}}' ./...)
+
+.PHONY: help build test test-deps lint run clean
+
+help:
+	@echo "make build   build napd, napctl and napd-demo-engine into bin/"
+	@echo "make test    install missing test packages, run every test with -race"
+	@echo "make lint    gofmt, go vet, staticcheck"
+	@echo "make run     run napd on etc/napd/demo.toml (demo engines, no GPU)"
+	@echo "make clean   remove bin/"
+
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/...
+
+test-deps:
+	scripts/test-deps.sh
+
+test: test-deps
+	$(GO) test -race -count=1 ./...
+
+lint:
+	@unformatted=$$(gofmt -l $(GOFILES) </dev/null); \
+	if [ -n "$$unformatted" ]; then echo "gofmt -w needed on:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+run: build
+	PATH=$(CURDIR)/bin:$$PATH bin/napd --config etc/napd/demo.toml
+
+clean:
+	rm -rf bin/

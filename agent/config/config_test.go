@@ -1,0 +1,373 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// minimal is a valid model body used where a test needs one.
+const minimal = `command = ["engine", "--port", "${PORT}"]` + "\n"
+
+func mustParse(t *testing.T, src string) *Config {
+	t.Helper()
+	cfg, err := Parse("test.toml", []byte(src))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return cfg
+}
+
+func problems(t *testing.T, src string) Errors {
+	t.Helper()
+	_, err := Parse("test.toml", []byte(src))
+	var errs Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("Parse error = %v, want Errors", err)
+	}
+	return errs
+}
+
+func TestParse_EmptyFileIsDefaults(t *testing.T) {
+	cfg := mustParse(t, "")
+	want := Default()
+	want.Path = "test.toml"
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("got %+v\nwant %+v", cfg, want)
+	}
+}
+
+func TestParse_Errors(t *testing.T) {
+	// Each case is one error class; the problem must name the key and line.
+	tests := []struct {
+		name string
+		src  string
+		line int
+		key  string
+		msg  string
+	}{
+		{"unknown top-level key", "[agent]\n\n[agnet]\n", 3, "agnet", "unknown key"},
+		{"unknown key", "[agent]\nstate_dir = \"/x\"\nstatedir = \"/y\"\n", 3, "agent.statedir", "unknown key"},
+		{"unknown key with hint", "[policy]\nidle-timeout = \"1m\"\n", 2, "policy.idle-timeout", `did you mean "idle_timeout"`},
+		{"unknown model key", "[models.a]\n" + minimal + "slep = \"stop\"\n", 3, "models.a.slep", "unknown key"},
+		{"section not a table", "agent = 1\n", 1, "agent", "want a table, got integer"},
+		{"wrong type string", "[agent]\nlog_level = 3\n", 2, "agent.log_level", "want a string, got integer"},
+		{"wrong type int", "[policy]\nwake_attempts = \"3\"\n", 2, "policy.wake_attempts", "want an integer, got string"},
+		{"wrong type bool", "[policy]\nallow_untracked_unload = \"yes\"\n", 2, "policy.allow_untracked_unload", "want a boolean"},
+		{"wrong type float", "[pressure]\npsi_some_avg10 = true\n", 2, "pressure.psi_some_avg10", "want a number"},
+		{"wrong type list", "[gateway]\nlisten = \"127.0.0.1:8080\"\n", 2, "gateway.listen", "want an array of strings, got string"},
+		{"wrong type list element", "[models.a]\ncommand = [\"x\", 1]\n", 2, "models.a.command", "element 1: want a string, got integer"},
+		{"wrong type env value", "[models.a]\n" + minimal + "environment = { A = 1 }\n", 3, "models.a.environment", "A: want a string"},
+		{"bad env name", "[models.a]\n" + minimal + "environment = { \"A-B\" = \"1\" }\n", 3, "models.a.environment", "not a valid environment variable name"},
+		{"bad size unit", "[gateway]\nmax_body = \"16MB\"\n", 2, "gateway.max_body", `unknown unit "MB"`},
+		{"bad size number", "[pressure]\ngpu_reserve = \"lots\"\n", 2, "pressure.gpu_reserve", "bad size"},
+		{"size missing unit", "[pressure]\nhost_reserve = \"2048\"\n", 2, "pressure.host_reserve", "missing unit"},
+		{"size not a string", "[pressure]\nhost_reserve = 2048\n", 2, "pressure.host_reserve", "want a size string"},
+		{"size zero where meaningless", "[gateway]\nmax_body = \"0\"\n", 2, "gateway.max_body", "must be greater than 0"},
+		{"size too large", "[gateway]\nmax_body = \"99999999999TiB\"\n", 2, "gateway.max_body", "too large"},
+		{"bad duration", "[gateway]\nrequest_timeout = \"10\"\n", 2, "gateway.request_timeout", "bad duration"},
+		{"negative duration", "[policy]\ndrain_timeout = \"-1s\"\n", 2, "policy.drain_timeout", "must not be negative"},
+		{"zero duration where meaningless", "[policy]\nwake_timeout = \"0\"\n", 2, "policy.wake_timeout", "must be greater than 0"},
+		{"duration not a string", "[policy]\nidle_timeout = 0\n", 2, "policy.idle_timeout", "want a duration string"},
+		{"unknown supervisor", "[agent]\nsupervisor = \"k8s\"\n", 2, "agent.supervisor", `unknown value "k8s"`},
+		{"unknown log level", "[agent]\nlog_level = \"trace\"\n", 2, "agent.log_level", `unknown value "trace"`},
+		{"unknown arrival policy", "[policy]\narrival_while_draining = \"queue\"\n", 2, "policy.arrival_while_draining", `unknown value "queue"`},
+		{"unknown sleep strategy", "[models.a]\n" + minimal + "sleep = \"hibernate\"\n", 3, "models.a.sleep", `unknown value "hibernate"`},
+		{"unknown transport", "[models.a]\n" + minimal + "transport = \"grpc\"\n", 3, "models.a.transport", `unknown value "grpc"`},
+		{"unknown model policy value", "[models.a]\n" + minimal + "arrival_while_draining = \"x\"\n", 3, "models.a.arrival_while_draining", "unknown value"},
+		{"zero wake attempts", "[policy]\nwake_attempts = 0\n", 2, "policy.wake_attempts", "out of range"},
+		{"negative queue", "[models.a]\n" + minimal + "queue = -1\n", 3, "models.a.queue", "out of range"},
+		{"zero max_concurrency", "[models.a]\n" + minimal + "max_concurrency = 0\n", 3, "models.a.max_concurrency", "out of range"},
+		{"port out of range", "[models.a]\n" + minimal + "port = 70000\n", 3, "models.a.port", "out of range"},
+		{"zero gpu_memory", "[models.a]\n" + minimal + "gpu_memory = \"0\"\n", 3, "models.a.gpu_memory", "must be greater than 0"},
+		{"psi out of range", "[pressure]\npsi_some_avg10 = 0.0\n", 2, "pressure.psi_some_avg10", "out of range"},
+		{"negative gpu", "[models.a]\n" + minimal + "gpus = [0, -1]\n", 3, "models.a.gpus", "out of range"},
+		{"gpu twice", "[models.a]\n" + minimal + "gpus = [1, 1]\n", 3, "models.a.gpus", "listed twice"},
+		{"relative path", "[agent]\nstate_dir = \"var/lib/napd\"\n", 2, "agent.state_dir", "not an absolute path"},
+		{"bad listen", "[agent]\nmetrics_listen = \"9464\"\n", 2, "agent.metrics_listen", "want HOST:PORT"},
+		{"bad events address", "[agent]\nevents_address = \"/run/x.sock\"\n", 2, "agent.events_address", "bad ZeroMQ address"},
+		{"bad health path", "[models.a]\n" + minimal + "health = \"health\"\n", 3, "models.a.health", "starting with /"},
+		{"bad unit name", "[models.a]\nunit = \"vllm\"\nport = 1\n", 2, "models.a.unit", "not a systemd service name"},
+		{"wrong type unit alone", "[models.a]\nunit = 3\n", 2, "models.a.unit", "want a string, got integer"},
+		{"inline model", "models = { a = { unit = \"a.service\", sleep = \"x\", port = 1 } }\n", 1, "models.a.sleep", "unknown value"},
+		{"command and unit", "[models.a]\n" + minimal + "unit = \"a.service\"\n", 3, "models.a.unit", "both set"},
+		{"neither command nor unit", "\n[models.a]\nport = 8000\n", 2, "models.a", "neither command nor unit"},
+		{"empty command", "[models.a]\ncommand = []\nport = 1\n", 2, "models.a.command", "must not be empty"},
+		{"empty program", "[models.a]\ncommand = [\"\"]\nport = 1\n", 2, "models.a.command", "first element"},
+		{"unit without port", "[models.a]\nunit = \"a.service\"\n", 2, "models.a.port", "set port"},
+		{"port 0 without ${PORT}", "[models.a]\ncommand = [\"engine\"]\n", 2, "models.a.command", "${PORT}"},
+		{"zmq without address", "[models.a]\ntransport = \"zmq\"\ncommand = [\"w\"]\n", 1, "models.a", "needs address"},
+		{"address on http", "[models.a]\n" + minimal + "address = \"ipc:///x\"\n", 3, "models.a.address", "only used with"},
+		{"bad zmq address", "[models.a]\ntransport = \"zmq\"\ncommand = [\"w\"]\naddress = \"x\"\n", 4, "models.a.address", "bad ZeroMQ address"},
+		{"unsafe model name", "[models.Qwen3]\n" + minimal, 1, "models.Qwen3", "not allowed"},
+		{"model name with slash", "[models.\"a/b\"]\n" + minimal, 1, `models."a/b"`, "not allowed"},
+		{"model name too long", "[models." + strings.Repeat("a", 65) + "]\n" + minimal, 1, "models." + strings.Repeat("a", 65), "at most 64"},
+		{"model not a table", "[models]\na = 1\n", 2, "models.a", "want a table"},
+		{"duplicate alias", "[models.a]\n" + minimal + "aliases = [\"x\"]\n[models.b]\n" + minimal + "aliases = [\"x\"]\n", 6, "models.b.aliases", `alias "x" is already an alias of model a`},
+		{"alias listed twice", "[models.a]\n" + minimal + "aliases = [\"x\", \"x\"]\n", 3, "models.a.aliases", "listed twice"},
+		{"alias clashes with model", "[models.a]\n" + minimal + "aliases = [\"b\"]\n[models.b]\n" + minimal, 3, "models.a.aliases", `alias "b" is the name of model b`},
+		{"alias with space", "[models.a]\n" + minimal + "aliases = [\"my model\"]\n", 3, "models.a.aliases", "space"},
+		{"two models on one port", "[models.a]\n" + minimal + "port = 8101\n[models.b]\n" + minimal + "port = 8101\n", 6, "models.b.port", "port 8101 is already used by model a"},
+		{"listen clash with gateway", "[models.a]\n" + minimal + "listen = \"127.0.0.1:8080\"\n", 3, "models.a.listen", "already used by gateway.listen"},
+		{"bad user", "[models.a]\n" + minimal + "user = \"a b\"\n", 3, "models.a.user", "not a user name"},
+		{"syntax error", "[agent]\nsupervisor = \"auto\n", 2, "", ""},
+		{"duplicate key", "[agent]\nlog_level = \"info\"\nlog_level = \"debug\"\n", 3, "", "already been defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			errs := problems(t, tt.src)
+			if len(errs) != 1 {
+				t.Fatalf("got %d problems, want 1:\n%v", len(errs), errs)
+			}
+			p := errs[0]
+			if p.File != "test.toml" || p.Line != tt.line || p.Key != tt.key || !strings.Contains(p.Message, tt.msg) {
+				t.Errorf("got %q (line %d, key %q)\nwant line %d, key %q, message containing %q", p.String(), p.Line, p.Key, tt.line, tt.key, tt.msg)
+			}
+		})
+	}
+}
+
+func TestParse_PortZeroExcepted(t *testing.T) {
+	cfg := mustParse(t, "[models.a]\n"+minimal+"[models.b]\n"+minimal)
+	if cfg.Models[0].Port != 0 || cfg.Models[1].Port != 0 {
+		t.Errorf("ports = %d, %d; want 0, 0", cfg.Models[0].Port, cfg.Models[1].Port)
+	}
+}
+
+func TestParse_AllErrorsAtOnce(t *testing.T) {
+	src := `[agent]
+supervisor = "k8s"
+log_level = 3
+
+[models.b]
+command = ["y"]
+port = 8000
+sleep = "hibernate"
+
+[models.a]
+unit = "a.service"
+port = 8000
+`
+	errs := problems(t, src)
+	want := []string{
+		`test.toml:2: agent.supervisor: unknown value "k8s" (want "auto", "systemd", "exec")`,
+		`test.toml:3: agent.log_level: want a string, got integer`,
+		`test.toml:8: models.b.sleep: unknown value "hibernate" (want "stop", "vllm-l1", "vllm-l2", "sglang", "none")`,
+		`test.toml:12: models.a.port: port 8000 is already used by model b`,
+	}
+	if got := strings.Split(errs.Error(), "\n"); !reflect.DeepEqual(got, want) {
+		t.Errorf("Error() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestParse_ModelValuesAndPolicyFallback(t *testing.T) {
+	cfg := mustParse(t, `
+[policy]
+idle_timeout = "5m"
+drain_timeout = "20s"
+arrival_while_draining = "refuse"
+wake_attempts = 2
+wake_timeout = "1m"
+allow_untracked_unload = true
+
+[models.zeta]
+command = ["vllm", "serve", "--port", "${PORT}"]
+port = 8101
+aliases = ["default", "Qwen/Qwen3-8B"]
+health = "/healthz"
+sleep = "vllm-l1"
+idle_timeout = "0"
+wake_attempts = 5
+gpus = [0, 1]
+gpu_memory = "1.5GiB"
+max_concurrency = 4
+queue = 0
+pinned = true
+environment = { VLLM_SERVER_DEV_MODE = "1" }
+listen = "127.0.0.1:18101"
+working_directory = "/srv"
+user = "napd"
+stop_timeout = "5s"
+
+[models.alpha]
+unit = "alpha.service"
+port = 8102
+`)
+	if len(cfg.Models) != 2 || cfg.Models[0].Name != "zeta" || cfg.Models[1].Name != "alpha" {
+		t.Fatalf("models not in file order: %+v", cfg.Models)
+	}
+	want := &Model{
+		Name: "zeta", Command: []string{"vllm", "serve", "--port", "${PORT}"}, Port: 8101,
+		Aliases: []string{"default", "Qwen/Qwen3-8B"}, Health: "/healthz", Sleep: SleepVLLML1,
+		GPUs: []int{0, 1}, GPUMemory: 3 << 29, MaxConcurrency: 4, Queue: 0, Pinned: true,
+		Environment: map[string]string{"VLLM_SERVER_DEV_MODE": "1"}, Listen: "127.0.0.1:18101",
+		Transport: TransportHTTP, WorkingDirectory: "/srv", User: "napd", StopTimeout: 5 * time.Second,
+		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: ArrivalRefuse,
+		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
+	}
+	if !reflect.DeepEqual(cfg.Models[0], want) {
+		t.Errorf("zeta =\n%+v\nwant\n%+v", cfg.Models[0], want)
+	}
+	alpha := cfg.Models[1]
+	if alpha.IdleTimeout != 5*time.Minute || alpha.WakeAttempts != 2 || alpha.Health != DefaultHealth ||
+		alpha.Sleep != SleepStop || alpha.MaxConcurrency != DefaultMaxConcurrency || alpha.Queue != DefaultQueue ||
+		alpha.StopTimeout != DefaultStopTimeout || alpha.Transport != TransportHTTP {
+		t.Errorf("alpha did not get the defaults: %+v", alpha)
+	}
+}
+
+func TestParse_PolicyAfterModelsStillApplies(t *testing.T) {
+	// [policy] written after the models still sets their defaults.
+	cfg := mustParse(t, "[models.a]\n"+minimal+"\n[policy]\nidle_timeout = \"1m\"\n")
+	if got := cfg.Models[0].IdleTimeout; got != time.Minute {
+		t.Errorf("IdleTimeout = %v, want 1m", got)
+	}
+}
+
+func TestParse_ZMQModel(t *testing.T) {
+	cfg := mustParse(t, `[models.w]
+transport = "zmq"
+address = "ipc:///run/napd/w.sock"
+command = ["/opt/w", "--bind", "ipc:///run/napd/w.sock"]
+[models.v]
+transport = "zmq"
+address = "tcp://127.0.0.1:5555"
+unit = "v.service"
+`)
+	if m := cfg.Models[0]; m.Transport != TransportZMQ || m.Address != "ipc:///run/napd/w.sock" {
+		t.Errorf("got %+v", m)
+	}
+}
+
+func TestProblem_StringWithoutLine(t *testing.T) {
+	p := Problem{File: "f.toml", Key: "agent", Message: "bad"}
+	if got := p.String(); got != "f.toml: agent: bad" {
+		t.Errorf("got %q", got)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"24GiB", 24 << 30, true},
+		{"512MiB", 512 << 20, true},
+		{"1.5GiB", 3 << 29, true},
+		{"0.5KiB", 512, true},
+		{"1.0001B", 1, true},
+		{"100B", 100, true},
+		{"2 TiB", 2 << 40, true},
+		{"0", 0, true},
+		{"0.0", 0, true},
+		{"", 0, false},
+		{"GiB", 0, false},
+		{"1GB", 0, false},
+		{"-1GiB", 0, false},
+		{"1e3MiB", 0, false},
+		{"12", 0, false},
+		{"8388608TiB", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := ParseSize(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d, ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestModel_ExpandPort(t *testing.T) {
+	m := &Model{
+		Command:     []string{"engine", "--port", "${PORT}", "--url=http://h:${PORT}/", "${HOME}"},
+		Environment: map[string]string{"PORT": "${PORT}", "OTHER": "x"},
+	}
+	cmd, env := m.ExpandPort(8101)
+	if want := []string{"engine", "--port", "8101", "--url=http://h:8101/", "${HOME}"}; !reflect.DeepEqual(cmd, want) {
+		t.Errorf("command = %q, want %q", cmd, want)
+	}
+	if want := map[string]string{"PORT": "8101", "OTHER": "x"}; !reflect.DeepEqual(env, want) {
+		t.Errorf("env = %v, want %v", env, want)
+	}
+	if m.Command[2] != "${PORT}" || m.Environment["PORT"] != "${PORT}" {
+		t.Error("ExpandPort changed the model")
+	}
+	if cmd, env := (&Model{Unit: "u.service"}).ExpandPort(1); cmd != nil || env != nil {
+		t.Errorf("unit model: got %q, %v; want nil, nil", cmd, env)
+	}
+}
+
+func TestFreePort(t *testing.T) {
+	p, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p <= 0 || p > 65535 {
+		t.Errorf("FreePort = %d", p)
+	}
+}
+
+func TestLoad_ShippedFiles(t *testing.T) {
+	for _, tt := range []struct {
+		file   string
+		models int
+	}{
+		{"napd.toml", 0},
+		{"demo.toml", 3},
+	} {
+		path := filepath.Join("..", "..", "etc", "napd", tt.file)
+		cfg, err := Load(path)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.file, err)
+		}
+		if len(cfg.Models) != tt.models {
+			t.Errorf("%s: %d models, want %d", tt.file, len(cfg.Models), tt.models)
+		}
+		if tt.file == "napd.toml" {
+			// The shipped file shows every default value.
+			want := Default()
+			want.Path = path
+			if !reflect.DeepEqual(cfg, want) {
+				t.Errorf("napd.toml differs from the defaults:\n%+v\nwant\n%+v", cfg, want)
+			}
+		}
+	}
+}
+
+func TestLoad_ShippedExamplesAreValid(t *testing.T) {
+	// The commented-out models in napd.toml must be valid when uncommented.
+	data, err := os.ReadFile(filepath.Join("..", "..", "etc", "napd", "napd.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	inModels := false
+	for line := range strings.Lines(string(data)) {
+		if strings.HasPrefix(line, "#[models.") {
+			inModels = true
+		}
+		// "#key = …" is a commented setting; "# …" and "## …" are prose.
+		if inModels && len(line) > 1 && line[0] == '#' && line[1] != ' ' && line[1] != '#' {
+			line = line[1:]
+		}
+		b.WriteString(line)
+	}
+	cfg, err := Parse("napd.toml (uncommented)", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Models) != 3 {
+		t.Errorf("%d example models, want 3", len(cfg.Models))
+	}
+}
+
+func TestLoad_MissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "none.toml"))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("err = %v, want ErrNotExist", err)
+	}
+}

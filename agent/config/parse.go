@@ -1,0 +1,462 @@
+package config
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultPath is where napd reads its configuration unless told otherwise.
+const DefaultPath = "/etc/napd/napd.toml"
+
+// Defaults for model keys that product.md leaves open.
+const (
+	DefaultHealth         = "/health"
+	DefaultMaxConcurrency = 32
+	DefaultQueue          = 128
+	DefaultStopTimeout    = 30 * time.Second
+)
+
+// Default returns the configuration of an empty file: every default, no
+// models.
+func Default() *Config {
+	return &Config{
+		Agent: Agent{
+			Supervisor:    SupervisorAuto,
+			StateDir:      "/var/lib/napd",
+			ControlSocket: "/run/napd/control.sock",
+			MetricsListen: "127.0.0.1:9464",
+			LogLevel:      "info",
+		},
+		Gateway: Gateway{
+			Listen:         []string{"127.0.0.1:8080"},
+			MaxBody:        16 << 20,
+			RequestTimeout: 10 * time.Minute,
+		},
+		Policy: Policy{
+			IdleTimeout:          15 * time.Minute,
+			DrainTimeout:         30 * time.Second,
+			ArrivalWhileDraining: ArrivalCancelDrain,
+			WakeAttempts:         3,
+			WakeTimeout:          10 * time.Minute,
+		},
+		Pressure: Pressure{
+			GPUReserve:   1 << 30,
+			HostReserve:  2 << 30,
+			PSISomeAvg10: 20,
+		},
+	}
+}
+
+// Load reads and validates the configuration file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse validates data, the contents of the file path (used in messages).
+// When data is not valid it returns Errors holding every problem found.
+func Parse(path string, data []byte) (*Config, error) {
+	d := &decoder{file: path}
+	cfg := d.decode(data)
+	if len(d.errs) > 0 {
+		// File order; stable, so the problems of one key keep the order
+		// they were found in.
+		slices.SortStableFunc(d.errs, func(a, b Problem) int {
+			return cmp.Or(cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
+		})
+		return nil, d.errs
+	}
+	cfg.Path = path
+	return cfg, nil
+}
+
+// decoder walks the document table by table. Every value is first decoded as
+// a toml.Primitive so that a wrong value does not stop the walk (all problems
+// are reported at once) and so that its line can be found.
+type decoder struct {
+	file string
+	md   toml.MetaData
+	errs Errors
+}
+
+func (d *decoder) add(line int, key toml.Key, msg string) {
+	d.errs = append(d.errs, Problem{File: d.file, Line: line, Key: key.String(), Message: msg})
+}
+
+// locator fails every decode; the ParseError the toml package wraps around
+// that failure carries the position of the key being decoded, which the
+// package exposes no other way.
+type locator struct{}
+
+var errLocate = errors.New("locate")
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (locator) UnmarshalTOML(any) error { return errLocate }
+
+// line is the line of the value p was decoded from, 0 when unknown.
+func (d *decoder) line(p toml.Primitive) int {
+	var pe toml.ParseError
+	if errors.As(d.md.PrimitiveDecode(p, &locator{}), &pe) {
+		return pe.Position.Line
+	}
+	return 0
+}
+
+// table is one TOML table whose values are not decoded yet.
+type table struct {
+	path toml.Key
+	line int
+	keys map[string]toml.Primitive
+}
+
+// keyLine is the line of key name in t, or of t itself when name is absent.
+func (d *decoder) keyLine(t *table, name string) int {
+	if p, ok := t.keys[name]; ok {
+		if l := d.line(p); l > 0 {
+			return l
+		}
+	}
+	return t.line
+}
+
+func child(path toml.Key, name string) toml.Key {
+	return append(slices.Clone(path), name)
+}
+
+// open decodes p as a table, or reports that it is not one.
+func (d *decoder) open(path toml.Key, p toml.Primitive) (*table, bool) {
+	line := d.line(p)
+	var raw any
+	if err := d.md.PrimitiveDecode(p, &raw); err != nil {
+		d.add(line, path, err.Error())
+		return nil, false
+	}
+	if _, ok := raw.(map[string]any); !ok {
+		d.add(line, path, wantType("a table", raw).Error())
+		return nil, false
+	}
+	t := &table{path: path, line: line}
+	if err := d.md.PrimitiveDecode(p, &t.keys); err != nil {
+		d.add(line, path, err.Error())
+		return nil, false
+	}
+	if t.line == 0 {
+		// An implicit table ([models.x.environment] without [models.x])
+		// has no line of its own: use its first key's.
+		for _, cp := range t.keys {
+			if l := d.line(cp); l > 0 && (t.line == 0 || l < t.line) {
+				t.line = l
+			}
+		}
+	}
+	return t, true
+}
+
+// fields decodes every key of t with its setter; keys without one are
+// unknown.
+func (d *decoder) fields(t *table, schema map[string]setter) {
+	for name, p := range t.keys {
+		key := child(t.path, name)
+		set, ok := schema[name]
+		if !ok {
+			d.add(d.line(p), key, unknownKey(name, schema))
+			continue
+		}
+		var raw any
+		if err := d.md.PrimitiveDecode(p, &raw); err != nil {
+			d.add(d.line(p), key, err.Error())
+			continue
+		}
+		if err := set(raw); err != nil {
+			d.add(d.line(p), key, err.Error())
+		}
+	}
+}
+
+// unknownKey names a likely intended key when the difference is only case
+// or '-' for '_'.
+func unknownKey[V any](name string, known map[string]V) string {
+	norm := func(s string) string { return strings.ToLower(strings.ReplaceAll(s, "-", "_")) }
+	for k := range known {
+		if norm(k) == norm(name) {
+			return fmt.Sprintf("unknown key (did you mean %q?)", k)
+		}
+	}
+	return "unknown key"
+}
+
+func (d *decoder) decode(data []byte) *Config {
+	var top map[string]toml.Primitive
+	md, err := toml.Decode(string(data), &top)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			d.errs = append(d.errs, Problem{File: d.file, Line: pe.Position.Line, Message: pe.Message})
+		} else {
+			d.errs = append(d.errs, Problem{File: d.file, Message: err.Error()})
+		}
+		return nil
+	}
+	d.md = md
+	cfg := Default()
+	sections := map[string]func(*table){
+		"agent":    func(t *table) { d.fields(t, agentSchema(&cfg.Agent)) },
+		"gateway":  func(t *table) { d.fields(t, gatewaySchema(&cfg.Gateway)) },
+		"policy":   func(t *table) { d.fields(t, policySchema(&cfg.Policy)) },
+		"pressure": func(t *table) { d.fields(t, pressureSchema(&cfg.Pressure)) },
+		"models":   nil, // after [policy]: models inherit from it
+	}
+	for name, p := range top {
+		if _, ok := sections[name]; !ok {
+			d.add(d.line(p), toml.Key{name}, unknownKey(name, sections))
+		}
+	}
+	for _, name := range []string{"agent", "gateway", "policy", "pressure"} {
+		if p, ok := top[name]; ok {
+			if t, ok := d.open(toml.Key{name}, p); ok {
+				sections[name](t)
+			}
+		}
+	}
+	if p, ok := top["models"]; ok {
+		if t, ok := d.open(toml.Key{"models"}, p); ok {
+			cfg.Models = d.models(t, cfg)
+		}
+	}
+	return cfg
+}
+
+func agentSchema(a *Agent) map[string]setter {
+	return map[string]setter{
+		"supervisor":     setEnum(&a.Supervisor, SupervisorAuto, SupervisorSystemd, SupervisorExec),
+		"state_dir":      setString(&a.StateDir, absPath),
+		"control_socket": setString(&a.ControlSocket, absPath),
+		"metrics_listen": setString(&a.MetricsListen, optional(hostPort)),
+		"events_address": setString(&a.EventsAddress, optional(zmqAddress)),
+		"log_level":      setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
+	}
+}
+
+func gatewaySchema(g *Gateway) map[string]setter {
+	return map[string]setter{
+		"listen":          setStrings(&g.Listen, hostPort),
+		"max_body":        setSize(&g.MaxBody, false),
+		"request_timeout": setDuration(&g.RequestTimeout, false),
+		"api_keys_file":   setString(&g.APIKeysFile, optional(absPath)),
+	}
+}
+
+func policySchema(p *Policy) map[string]setter {
+	return map[string]setter{
+		"idle_timeout":           setDuration(&p.IdleTimeout, true),
+		"drain_timeout":          setDuration(&p.DrainTimeout, false),
+		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, ArrivalCancelDrain, ArrivalRefuse),
+		"wake_attempts":          setInt(&p.WakeAttempts, 1, 100),
+		"wake_timeout":           setDuration(&p.WakeTimeout, false),
+		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),
+	}
+}
+
+func pressureSchema(p *Pressure) map[string]setter {
+	return map[string]setter{
+		"gpu_reserve":    setSize(&p.GPUReserve, true),
+		"host_reserve":   setSize(&p.HostReserve, true),
+		"psi_some_avg10": setFloat(&p.PSISomeAvg10, 0, 100),
+	}
+}
+
+// modelSchema decodes a model's own keys into m and its [policy] keys into
+// pol, which starts as a copy of [policy].
+func modelSchema(m *Model, pol *Policy) map[string]setter {
+	schema := policySchema(pol)
+	maps.Copy(schema, map[string]setter{
+		"command":           setCommand(&m.Command),
+		"unit":              setString(&m.Unit, unitName),
+		"port":              setInt(&m.Port, 0, 65535),
+		"aliases":           setStrings(&m.Aliases, aliasName),
+		"health":            setString(&m.Health, healthPath),
+		"sleep":             setEnum(&m.Sleep, SleepStop, SleepVLLML1, SleepVLLML2, SleepSGLang, SleepNone),
+		"gpus":              setGPUs(&m.GPUs),
+		"gpu_memory":        setSize(&m.GPUMemory, false),
+		"max_concurrency":   setInt(&m.MaxConcurrency, 1, 1<<20),
+		"queue":             setInt(&m.Queue, 0, 1<<20),
+		"pinned":            setBool(&m.Pinned),
+		"environment":       setEnvironment(&m.Environment),
+		"listen":            setString(&m.Listen, optional(hostPort)),
+		"transport":         setEnum(&m.Transport, TransportHTTP, TransportZMQ),
+		"address":           setString(&m.Address, zmqAddress),
+		"working_directory": setString(&m.WorkingDirectory, absPath),
+		"user":              setString(&m.User, userName),
+		"stop_timeout":      setDuration(&m.StopTimeout, false),
+	})
+	return schema
+}
+
+// newModel is a model with every default.
+func newModel(name string) *Model {
+	return &Model{
+		Name:           name,
+		Health:         DefaultHealth,
+		Sleep:          SleepStop,
+		Transport:      TransportHTTP,
+		MaxConcurrency: DefaultMaxConcurrency,
+		Queue:          DefaultQueue,
+		StopTimeout:    DefaultStopTimeout,
+	}
+}
+
+// setPolicy makes p the model's effective policy.
+func (m *Model) setPolicy(p Policy) {
+	m.IdleTimeout = p.IdleTimeout
+	m.DrainTimeout = p.DrainTimeout
+	m.ArrivalWhileDraining = p.ArrivalWhileDraining
+	m.WakeAttempts = p.WakeAttempts
+	m.WakeTimeout = p.WakeTimeout
+	m.AllowUntrackedUnload = p.AllowUntrackedUnload
+}
+
+// decl is a decoded model with the table it came from, for checks that
+// span models.
+type decl struct {
+	m *Model
+	t *table
+}
+
+func (d *decoder) models(t *table, cfg *Config) []*Model {
+	// Models keep file order; the map from the decoder has none.
+	var names []string
+	for _, k := range d.md.Keys() {
+		if len(k) >= 2 && k[0] == "models" && !slices.Contains(names, k[1]) {
+			names = append(names, k[1])
+		}
+	}
+	var decls []decl
+	for _, name := range names {
+		p, ok := t.keys[name]
+		if !ok {
+			continue
+		}
+		path := child(t.path, name)
+		mt, ok := d.open(path, p)
+		if err := validModelName(name); err != nil {
+			d.add(d.line(p), path, err.Error())
+		}
+		if !ok {
+			continue
+		}
+		m, pol := newModel(name), cfg.Policy
+		d.fields(mt, modelSchema(m, &pol))
+		m.setPolicy(pol)
+		d.checkModel(m, mt)
+		decls = append(decls, decl{m, mt})
+	}
+	d.checkUnique(decls, cfg.Gateway.Listen)
+	models := make([]*Model, len(decls))
+	for i, dc := range decls {
+		models[i] = dc.m
+	}
+	return models
+}
+
+// checkModel checks the keys of one model against each other.
+func (d *decoder) checkModel(m *Model, t *table) {
+	_, hasCmd := t.keys["command"]
+	_, hasUnit := t.keys["unit"]
+	_, hasAddr := t.keys["address"]
+	switch {
+	case hasCmd && hasUnit:
+		d.add(d.keyLine(t, "unit"), child(t.path, "unit"), "command and unit are both set: set exactly one")
+	case !hasCmd && !hasUnit:
+		d.add(t.line, t.path, "neither command nor unit is set: set command (napd runs the engine) or unit (an operator-managed unit)")
+	}
+	switch m.Transport {
+	case TransportZMQ:
+		if !hasAddr {
+			d.add(t.line, t.path, `transport = "zmq" needs address`)
+		}
+	case TransportHTTP:
+		if hasAddr {
+			d.add(d.keyLine(t, "address"), child(t.path, "address"), `only used with transport = "zmq"`)
+		}
+		if m.Port == 0 && m.Unit != "" && !hasCmd {
+			d.add(d.keyLine(t, "unit"), child(t.path, "port"), "an operator-managed unit listens on a port of its own: set port")
+		}
+		if m.Port == 0 && hasCmd && !hasUnit && len(m.Command) > 0 && !mentionsPort(m) {
+			d.add(d.keyLine(t, "command"), child(t.path, "command"),
+				"port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it")
+		}
+	}
+}
+
+func mentionsPort(m *Model) bool {
+	for _, s := range m.Command {
+		if strings.Contains(s, portVar) {
+			return true
+		}
+	}
+	for _, s := range m.Environment {
+		if strings.Contains(s, portVar) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkUnique reports names, aliases, ports and listen addresses that two
+// models (or a model and the gateway) claim.
+func (d *decoder) checkUnique(decls []decl, gatewayListen []string) {
+	isModel := map[string]bool{}
+	for _, dc := range decls {
+		isModel[dc.m.Name] = true
+	}
+	aliasOwner := map[string]string{}
+	portOwner := map[int]string{}
+	listenOwner := map[string]string{}
+	for _, l := range gatewayListen {
+		listenOwner[l] = "gateway.listen"
+	}
+	for _, dc := range decls {
+		m := dc.m
+		key := func(k string) (int, toml.Key) { return d.keyLine(dc.t, k), child(dc.t.path, k) }
+		for _, a := range m.Aliases {
+			line, k := key("aliases")
+			switch owner, dup := aliasOwner[a]; {
+			case isModel[a]:
+				d.add(line, k, fmt.Sprintf("alias %q is the name of model %s", a, a))
+			case dup && owner == m.Name:
+				d.add(line, k, fmt.Sprintf("alias %q is listed twice", a))
+			case dup:
+				d.add(line, k, fmt.Sprintf("alias %q is already an alias of model %s", a, owner))
+			default:
+				aliasOwner[a] = m.Name
+			}
+		}
+		if m.Port != 0 && m.Transport == TransportHTTP {
+			if owner, dup := portOwner[m.Port]; dup {
+				line, k := key("port")
+				d.add(line, k, fmt.Sprintf("port %d is already used by model %s", m.Port, owner))
+			} else {
+				portOwner[m.Port] = m.Name
+			}
+		}
+		if m.Listen != "" {
+			if owner, dup := listenOwner[m.Listen]; dup {
+				line, k := key("listen")
+				d.add(line, k, fmt.Sprintf("%s is already used by %s", m.Listen, owner))
+			} else {
+				listenOwner[m.Listen] = "model " + m.Name
+			}
+		}
+	}
+}

@@ -1,0 +1,408 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Size units accepted by ParseSize. Only binary units: "GB" is ambiguous
+// (10^9 or 2^30 depending on who prints it) and GPU tools report MiB/GiB.
+var sizeUnits = map[string]int64{
+	"B":   1,
+	"KiB": 1 << 10,
+	"MiB": 1 << 20,
+	"GiB": 1 << 30,
+	"TiB": 1 << 40,
+}
+
+var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)$`)
+
+// ParseSize parses a size such as "24GiB", "512MiB", "1.5GiB" or "0" into
+// bytes. A fraction is allowed and the result is rounded down to whole bytes;
+// only "0" may omit the unit.
+func ParseSize(s string) (int64, error) {
+	m := sizeRE.FindStringSubmatch(strings.TrimSpace(s))
+	if m == nil {
+		return 0, fmt.Errorf("bad size %q (want a number and a unit, e.g. \"24GiB\", \"512MiB\")", s)
+	}
+	num, unit := m[1], m[2]
+	if unit == "" {
+		if n, err := strconv.ParseFloat(num, 64); err == nil && n == 0 {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("bad size %q: missing unit (B, KiB, MiB, GiB or TiB)", s)
+	}
+	mult, ok := sizeUnits[unit]
+	if !ok {
+		return 0, fmt.Errorf("bad size %q: unknown unit %q (use B, KiB, MiB, GiB or TiB)", s, unit)
+	}
+	r, ok := new(big.Rat).SetString(num)
+	if !ok {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	r.Mul(r, new(big.Rat).SetInt64(mult))
+	bytes := new(big.Int).Quo(r.Num(), r.Denom())
+	if !bytes.IsInt64() {
+		return 0, fmt.Errorf("bad size %q: too large", s)
+	}
+	return bytes.Int64(), nil
+}
+
+// ParseDuration parses a non-negative duration such as "90s", "10m",
+// "1h30m" or "0".
+func ParseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("bad duration %q (want e.g. \"90s\", \"10m\", \"1h30m\" or \"0\")", s)
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("bad duration %q: must not be negative", s)
+	}
+	return d, nil
+}
+
+// tomlType names the TOML type of a decoded value for error messages.
+func tomlType(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case int64:
+		return "integer"
+	case float64:
+		return "float"
+	case bool:
+		return "boolean"
+	case []any, []map[string]any:
+		return "array"
+	case map[string]any:
+		return "table"
+	}
+	return "datetime"
+}
+
+func wantType(want string, got any) error {
+	return fmt.Errorf("want %s, got %s", want, tomlType(got))
+}
+
+// The setters below decode one raw TOML value into a typed destination and
+// check it; they are composed into each table's schema.
+
+type setter func(raw any) error
+
+func setString(dst *string, check func(string) error) setter {
+	return func(raw any) error {
+		s, ok := raw.(string)
+		if !ok {
+			return wantType("a string", raw)
+		}
+		if check != nil {
+			if err := check(s); err != nil {
+				return err
+			}
+		}
+		*dst = s
+		return nil
+	}
+}
+
+func setEnum(dst *string, allowed ...string) setter {
+	return setString(dst, func(s string) error {
+		for _, a := range allowed {
+			if s == a {
+				return nil
+			}
+		}
+		return fmt.Errorf("unknown value %q (want %s)", s, quoteList(allowed))
+	})
+}
+
+func quoteList(vals []string) string {
+	q := make([]string, len(vals))
+	for i, v := range vals {
+		q[i] = strconv.Quote(v)
+	}
+	return strings.Join(q, ", ")
+}
+
+// setDuration parses a duration string; zeroOK allows "0".
+func setDuration(dst *time.Duration, zeroOK bool) setter {
+	return func(raw any) error {
+		s, ok := raw.(string)
+		if !ok {
+			return fmt.Errorf("want a duration string such as \"90s\", got %s", tomlType(raw))
+		}
+		d, err := ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		if d == 0 && !zeroOK {
+			return errors.New("must be greater than 0")
+		}
+		*dst = d
+		return nil
+	}
+}
+
+// setSize parses a size string; zeroOK allows "0".
+func setSize(dst *int64, zeroOK bool) setter {
+	return func(raw any) error {
+		s, ok := raw.(string)
+		if !ok {
+			return fmt.Errorf("want a size string such as \"24GiB\", got %s", tomlType(raw))
+		}
+		n, err := ParseSize(s)
+		if err != nil {
+			return err
+		}
+		if n == 0 && !zeroOK {
+			return errors.New("must be greater than 0")
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func setInt(dst *int, lo, hi int64) setter {
+	return func(raw any) error {
+		n, ok := raw.(int64)
+		if !ok {
+			return wantType("an integer", raw)
+		}
+		if n < lo || n > hi {
+			return fmt.Errorf("%d is out of range (want %d to %d)", n, lo, hi)
+		}
+		*dst = int(n)
+		return nil
+	}
+}
+
+func setBool(dst *bool) setter {
+	return func(raw any) error {
+		b, ok := raw.(bool)
+		if !ok {
+			return wantType("a boolean (true or false)", raw)
+		}
+		*dst = b
+		return nil
+	}
+}
+
+// setFloat accepts an integer too: `psi_some_avg10 = 20` means 20.0.
+func setFloat(dst *float64, lo, hi float64) setter {
+	return func(raw any) error {
+		var f float64
+		switch v := raw.(type) {
+		case float64:
+			f = v
+		case int64:
+			f = float64(v)
+		default:
+			return wantType("a number", raw)
+		}
+		if math.IsNaN(f) || f <= lo || f > hi {
+			return fmt.Errorf("%v is out of range (want more than %v, at most %v)", f, lo, hi)
+		}
+		*dst = f
+		return nil
+	}
+}
+
+// setStrings decodes an array of strings, checking each element.
+func setStrings(dst *[]string, check func(string) error) setter {
+	return func(raw any) error {
+		arr, ok := raw.([]any)
+		if !ok {
+			return wantType("an array of strings", raw)
+		}
+		out := make([]string, 0, len(arr))
+		for i, el := range arr {
+			s, ok := el.(string)
+			if !ok {
+				return fmt.Errorf("element %d: %w", i, wantType("a string", el))
+			}
+			if check != nil {
+				if err := check(s); err != nil {
+					return fmt.Errorf("element %d: %w", i, err)
+				}
+			}
+			out = append(out, s)
+		}
+		*dst = out
+		return nil
+	}
+}
+
+// setCommand decodes an argv: at least the program, which is not empty.
+func setCommand(dst *[]string) setter {
+	var argv []string
+	decode := setStrings(&argv, commandArg)
+	return func(raw any) error {
+		if err := decode(raw); err != nil {
+			return err
+		}
+		if len(argv) == 0 {
+			return errors.New("must not be empty")
+		}
+		if argv[0] == "" {
+			return errors.New("the program (first element) must not be empty")
+		}
+		*dst = argv
+		return nil
+	}
+}
+
+func setGPUs(dst *[]int) setter {
+	return func(raw any) error {
+		arr, ok := raw.([]any)
+		if !ok {
+			return wantType("an array of GPU indexes", raw)
+		}
+		out := make([]int, 0, len(arr))
+		seen := map[int64]bool{}
+		for i, el := range arr {
+			n, ok := el.(int64)
+			if !ok {
+				return fmt.Errorf("element %d: %w", i, wantType("an integer", el))
+			}
+			if n < 0 || n > 1023 {
+				return fmt.Errorf("element %d: GPU index %d is out of range", i, n)
+			}
+			if seen[n] {
+				return fmt.Errorf("GPU %d is listed twice", n)
+			}
+			seen[n] = true
+			out = append(out, int(n))
+		}
+		*dst = out
+		return nil
+	}
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func setEnvironment(dst *map[string]string) setter {
+	return func(raw any) error {
+		tbl, ok := raw.(map[string]any)
+		if !ok {
+			return wantType("a table of strings", raw)
+		}
+		out := make(map[string]string, len(tbl))
+		for k, v := range tbl {
+			if !envNameRE.MatchString(k) {
+				return fmt.Errorf("%q is not a valid environment variable name", k)
+			}
+			s, ok := v.(string)
+			if !ok {
+				return fmt.Errorf("%s: %w", k, wantType("a string", v))
+			}
+			out[k] = s
+		}
+		*dst = out
+		return nil
+	}
+}
+
+// Checks used by several setters.
+
+func absPath(s string) error {
+	if !strings.HasPrefix(s, "/") {
+		return fmt.Errorf("%q is not an absolute path", s)
+	}
+	return nil
+}
+
+func optional(check func(string) error) func(string) error {
+	return func(s string) error {
+		if s == "" {
+			return nil
+		}
+		return check(s)
+	}
+}
+
+// hostPort checks a TCP listen address "HOST:PORT"; port 0 (any free port)
+// is allowed, as it is for net.Listen.
+func hostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("bad address %q (want HOST:PORT)", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("bad port in address %q", s)
+	}
+	return nil
+}
+
+// zmqAddress checks a ZeroMQ endpoint napd can connect to across processes.
+func zmqAddress(s string) error {
+	for _, scheme := range []string{"ipc://", "tcp://"} {
+		if rest, ok := strings.CutPrefix(s, scheme); ok && rest != "" {
+			return nil
+		}
+	}
+	return fmt.Errorf("bad ZeroMQ address %q (want ipc://PATH or tcp://HOST:PORT)", s)
+}
+
+func healthPath(s string) error {
+	if !strings.HasPrefix(s, "/") {
+		return fmt.Errorf("%q must be a path starting with /", s)
+	}
+	return nil
+}
+
+var unitRE = regexp.MustCompile(`^[A-Za-z0-9:_.\\@-]+\.service$`)
+
+func unitName(s string) error {
+	if !unitRE.MatchString(s) {
+		return fmt.Errorf("%q is not a systemd service name (want e.g. \"vllm-qwen.service\")", s)
+	}
+	return nil
+}
+
+var userRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
+
+func userName(s string) error {
+	if !userRE.MatchString(s) {
+		return fmt.Errorf("%q is not a user name or UID", s)
+	}
+	return nil
+}
+
+// aliasName allows what clients send as a model name ("default",
+// "Qwen/Qwen3-8B") but nothing that cannot survive a header or a log line.
+func aliasName(s string) error {
+	if s == "" {
+		return errors.New("an alias must not be empty")
+	}
+	for _, r := range s {
+		if r <= ' ' || r == 0x7f {
+			return fmt.Errorf("alias %q contains a space or control character", s)
+		}
+	}
+	return nil
+}
+
+func commandArg(s string) error {
+	if strings.ContainsRune(s, 0) {
+		return errors.New("contains a NUL byte")
+	}
+	return nil
+}
+
+var modelNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+
+// validModelName: the name becomes part of a systemd unit name
+// (napd-engine-NAME.service), of file names and of metric labels.
+func validModelName(name string) error {
+	if len(name) > 64 || !modelNameRE.MatchString(name) {
+		return fmt.Errorf("model name %q is not allowed (want [a-z0-9][a-z0-9._-]*, at most 64 characters)", name)
+	}
+	return nil
+}

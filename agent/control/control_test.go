@@ -1,0 +1,180 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type fakeController struct {
+	mu      sync.Mutex
+	slept   []string
+	reset   []string
+	reloads int
+	events  chan Event
+}
+
+func (f *fakeController) Status() Status {
+	return Status{Version: "test", Supervisor: "exec", Models: []ModelStatus{{Name: "m", State: "sleeping", Leases: 2}}}
+}
+
+func (f *fakeController) Wake(_ context.Context, model string, progress func(string)) error {
+	switch model {
+	case "m":
+		progress("waking")
+		progress("verifying")
+		return nil
+	case "broken":
+		progress("waking")
+		return errors.New("wake broken: health check failed: connection refused (3 of 3 attempts)")
+	}
+	return fmt.Errorf("%w: %q", ErrNotFound, model)
+}
+
+func (f *fakeController) Sleep(_ context.Context, model, strategy string) error {
+	if model != "m" {
+		return fmt.Errorf("%w: %q", ErrNotFound, model)
+	}
+	if strategy == "none" {
+		return errors.New("sleep m: strategy none never sleeps")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slept = append(f.slept, model+"/"+strategy)
+	return nil
+}
+
+func (f *fakeController) Reset(model string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reset = append(f.reset, model)
+	return nil
+}
+
+func (f *fakeController) Reload() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reloads++
+	return nil
+}
+
+func (f *fakeController) Subscribe() (<-chan Event, func()) {
+	return f.events, func() {}
+}
+
+func serve(t *testing.T, c Controller) *Client {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "run", "control.sock")
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: Handler(c, nil)}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return NewClient(path)
+}
+
+func TestListen_ModeAndStaleSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "control.sock")
+	if err := os.WriteFile(path, nil, 0o600); err != nil { // a stale leftover
+		t.Fatal(err)
+	}
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 {
+		t.Errorf("mode = %v, want a socket with 0660", fi.Mode())
+	}
+}
+
+func TestClient_StatusSleepResetReload(t *testing.T) {
+	f := &fakeController{}
+	c := serve(t, f)
+	ctx := context.Background()
+	st, err := c.Status(ctx)
+	if err != nil || len(st.Models) != 1 || st.Models[0].Leases != 2 {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+	if err := c.Sleep(ctx, "m", "vllm-l2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sleep(ctx, "m", "none"); err == nil || !strings.Contains(err.Error(), "never sleeps") {
+		t.Errorf("sleep none: %v", err)
+	}
+	if err := c.Sleep(ctx, "nope", ""); err == nil || !strings.Contains(err.Error(), "no such model") {
+		t.Errorf("sleep unknown: %v", err)
+	}
+	if err := c.Reset(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.slept) != 1 || f.slept[0] != "m/vllm-l2" || len(f.reset) != 1 || f.reloads != 1 {
+		t.Errorf("controller saw slept=%v reset=%v reloads=%d", f.slept, f.reset, f.reloads)
+	}
+}
+
+func TestClient_WakeProgress(t *testing.T) {
+	c := serve(t, &fakeController{})
+	var phases []string
+	err := c.Wake(context.Background(), "m", func(p Progress) { phases = append(phases, p.Phase) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(phases, ",") != "waking,verifying,awake" {
+		t.Errorf("phases = %v", phases)
+	}
+	err = c.Wake(context.Background(), "broken", nil)
+	if err == nil || !strings.Contains(err.Error(), "3 of 3 attempts") {
+		t.Errorf("broken wake: %v", err)
+	}
+	err = c.Wake(context.Background(), "ghost", nil)
+	if err == nil || !strings.Contains(err.Error(), "no such model") {
+		t.Errorf("unknown wake: %v", err)
+	}
+}
+
+func TestClient_Events(t *testing.T) {
+	f := &fakeController{events: make(chan Event, 2)}
+	c := serve(t, f)
+	f.events <- Event{Model: "m", Kind: "state", From: "sleeping", To: "waking", Reason: "request"}
+	f.events <- Event{Model: "m", Kind: "wake", WakeMs: 412}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var got []Event
+	err := c.Events(ctx, func(e Event) {
+		got = append(got, e)
+		if len(got) == 2 {
+			cancel()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].To != "waking" || got[1].WakeMs != 412 {
+		t.Errorf("events = %+v", got)
+	}
+}
+
+func TestClient_NoDaemon(t *testing.T) {
+	c := NewClient(filepath.Join(t.TempDir(), "absent.sock"))
+	_, err := c.Status(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "is napd running?") {
+		t.Errorf("err = %v", err)
+	}
+}

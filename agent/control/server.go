@@ -1,0 +1,171 @@
+package control
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// ErrNotFound is wrapped by Controller errors about a model that does not exist.
+var ErrNotFound = errors.New("no such model")
+
+// Listen creates the control socket at path with mode 0660, owned by group
+// "napd" when that group exists, so members of the group can run napctl. A
+// stale socket left by a crashed napd is replaced.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("control socket %s: remove stale: %w", path, err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	// Listen creates the file with the umask's mode: set ours explicitly.
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	if g, err := user.LookupGroup("napd"); err == nil {
+		if gid, err := strconv.Atoi(g.Gid); err == nil {
+			if err := os.Chown(path, -1, gid); err != nil {
+				l.Close()
+				return nil, fmt.Errorf("control socket %s: chown to group napd: %w", path, err)
+			}
+		}
+	}
+	return l, nil
+}
+
+// Handler serves the control API for c.
+func Handler(c Controller, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &server{c: c, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", s.status)
+	mux.HandleFunc("POST /v1/models/{model}/wake", s.wake)
+	mux.HandleFunc("POST /v1/models/{model}/sleep", s.sleep)
+	mux.HandleFunc("POST /v1/models/{model}/reset", s.reset)
+	mux.HandleFunc("GET /v1/events", s.events)
+	mux.HandleFunc("POST /v1/reload", s.reload)
+	return mux
+}
+
+type server struct {
+	c   Controller
+	log *slog.Logger
+}
+
+func (s *server) status(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.c.Status())
+}
+
+func (s *server) wake(w http.ResponseWriter, r *http.Request) {
+	model := r.PathValue("model")
+	start := time.Now()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	// Progress arrives from the agent's goroutines; the writer is ours alone.
+	phases := make(chan string, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.c.Wake(r.Context(), model, func(p string) {
+			select {
+			case phases <- p:
+			default: // a slow reader loses intermediate phases, never the result
+			}
+		})
+	}()
+	emit := func(p string) {
+		_ = enc.Encode(Progress{Phase: p, ElapsedMs: time.Since(start).Milliseconds()})
+		_ = rc.Flush()
+	}
+	for {
+		select {
+		case p := <-phases:
+			emit(p)
+		case err := <-done:
+			// Phases sent before Wake returned are still queued: keep their order.
+			for len(phases) > 0 {
+				emit(<-phases)
+			}
+			final := Progress{Phase: "awake", ElapsedMs: time.Since(start).Milliseconds(), Done: true}
+			if errors.Is(err, ErrNotFound) {
+				writeJSON(w, http.StatusNotFound, Error{err.Error()})
+				return
+			}
+			if err != nil {
+				final.Phase, final.Error = "failed", err.Error()
+			}
+			_ = enc.Encode(final)
+			return
+		}
+	}
+}
+
+func (s *server) sleep(w http.ResponseWriter, r *http.Request) {
+	s.reply(w, s.c.Sleep(r.Context(), r.PathValue("model"), r.URL.Query().Get("strategy")))
+}
+
+func (s *server) reset(w http.ResponseWriter, r *http.Request) {
+	s.reply(w, s.c.Reset(r.PathValue("model")))
+}
+
+func (s *server) reload(w http.ResponseWriter, _ *http.Request) {
+	s.reply(w, s.c.Reload())
+}
+
+func (s *server) reply(w http.ResponseWriter, err error) {
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, struct {
+			OK bool `json:"ok"`
+		}{true})
+	case errors.Is(err, ErrNotFound):
+		writeJSON(w, http.StatusNotFound, Error{err.Error()})
+	default:
+		writeJSON(w, http.StatusConflict, Error{err.Error()})
+	}
+}
+
+func (s *server) events(w http.ResponseWriter, r *http.Request) {
+	ch, cancel := s.c.Subscribe()
+	defer cancel()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
+			if enc.Encode(ev) != nil || rc.Flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

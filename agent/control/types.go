@@ -1,0 +1,112 @@
+// Package control is napd's control API: HTTP over the unix socket
+// agent.control_socket, used by napctl. The server side adapts a Controller
+// (the agent); the client side is what napctl calls.
+//
+// Endpoints (all JSON):
+//
+//	GET  /v1/status                      Status
+//	POST /v1/models/{model}/wake         NDJSON stream of Progress, ending with Done
+//	POST /v1/models/{model}/sleep        ?strategy=stop|vllm-l1|… (default: the model's)
+//	POST /v1/models/{model}/reset        clears failed
+//	GET  /v1/events                      NDJSON stream of Event
+//	POST /v1/reload                      reload the config file (as SIGHUP)
+package control
+
+import (
+	"context"
+	"time"
+)
+
+// Status is the whole agent at a glance.
+type Status struct {
+	Version    string        `json:"version"`
+	Supervisor string        `json:"supervisor"`
+	Config     string        `json:"config"`
+	Started    time.Time     `json:"started"`
+	Models     []ModelStatus `json:"models"`
+	Host       HostMemory    `json:"host"`
+	GPUs       []GPUMemory   `json:"gpus,omitempty"`
+}
+
+// ModelStatus is one model's row.
+type ModelStatus struct {
+	Name       string   `json:"name"`
+	Aliases    []string `json:"aliases,omitempty"`
+	State      string   `json:"state"`
+	Reason     string   `json:"reason,omitempty"`
+	Unit       string   `json:"unit,omitempty"`
+	Port       int      `json:"port,omitempty"`
+	Transport  string   `json:"transport"`
+	Sleep      string   `json:"sleep"`
+	Pinned     bool     `json:"pinned,omitempty"`
+	Leases     int      `json:"leases"`
+	QueueDepth int      `json:"queue_depth"`
+	// IdleSince is set while no lease is live.
+	IdleSince *time.Time `json:"idle_since,omitempty"`
+	// LastWakeMs is the duration of the last successful wake.
+	LastWakeMs int64 `json:"last_wake_ms,omitempty"`
+	Attempts   int   `json:"wake_attempts,omitempty"`
+	// EngineBytes is the engine's host memory (cgroup); absent when not measured.
+	EngineBytes *int64 `json:"engine_memory_bytes,omitempty"`
+	// GPUBytes is GPU memory held by the engine, per GPU index.
+	GPUBytes map[string]int64 `json:"gpu_memory_bytes,omitempty"`
+	// Footprint is the expected GPU footprint (configured or learned).
+	Footprint int64 `json:"footprint_bytes,omitempty"`
+}
+
+// HostMemory is the host's memory figures; zero-valued fields were not measured.
+type HostMemory struct {
+	TotalBytes     int64    `json:"total_bytes,omitempty"`
+	AvailableBytes int64    `json:"available_bytes,omitempty"`
+	PSISomeAvg10   *float64 `json:"psi_some_avg10,omitempty"`
+}
+
+// GPUMemory is one GPU's memory figures.
+type GPUMemory struct {
+	Index      int    `json:"index"`
+	Name       string `json:"name,omitempty"`
+	TotalBytes int64  `json:"total_bytes"`
+	UsedBytes  int64  `json:"used_bytes"`
+	FreeBytes  int64  `json:"free_bytes"`
+}
+
+// Event is a model state change, with its reason.
+type Event struct {
+	Time   time.Time `json:"time"`
+	Model  string    `json:"model"`
+	Kind   string    `json:"kind"` // "state", "wake", "sleep", "decision", "reload"
+	From   string    `json:"from,omitempty"`
+	To     string    `json:"to,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+	// WakeMs is the wake's duration on a "wake" event that succeeded.
+	WakeMs int64 `json:"wake_ms,omitempty"`
+}
+
+// Progress is one line of a wake's progress stream. The last line has Done set.
+type Progress struct {
+	Phase     string `json:"phase"` // "waking", "verifying", "awake", "failed", …
+	ElapsedMs int64  `json:"elapsed_ms"`
+	Done      bool   `json:"done,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// Controller is what the server asks of the agent.
+type Controller interface {
+	Status() Status
+	// Wake wakes model and returns once it is awake (nil) or the wake
+	// failed; progress is called on each phase change.
+	Wake(ctx context.Context, model string, progress func(phase string)) error
+	// Sleep puts model to sleep with strategy ("" = the model's own).
+	Sleep(ctx context.Context, model, strategy string) error
+	// Reset clears a failed model.
+	Reset(model string) error
+	// Reload re-reads the config file.
+	Reload() error
+	// Subscribe streams events until cancel is called.
+	Subscribe() (events <-chan Event, cancel func())
+}
+
+// Error is the body of every non-2xx reply.
+type Error struct {
+	Error string `json:"error"`
+}

@@ -1,0 +1,109 @@
+package metrics
+
+import (
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+func scrape(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(rec.Body.String()))
+	if err != nil {
+		t.Fatalf("parse: %v\n%s", err, rec.Body.String())
+	}
+	return fams
+}
+
+func value(f *dto.MetricFamily, labels map[string]string) (float64, bool) {
+	for _, m := range f.GetMetric() {
+		match := true
+		for _, l := range m.GetLabel() {
+			if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+func TestMetrics_ScrapeParses(t *testing.T) {
+	snap := Snapshot{
+		Models: []Model{
+			{Name: "a", State: "awake", QueueDepth: 3, Leases: 5, EngineBytes: 1 << 30, GPUBytes: map[string]int64{"0": 2 << 30}},
+			{Name: "b", State: "sleeping", EngineBytes: -1},
+		},
+		GPUs:          []GPU{{Index: "0", Total: 80 << 30, Used: 10 << 30}},
+		HostAvailable: 4 << 30,
+		HavePSI:       true, PSISomeAvg10: 1.5,
+	}
+	m := New(func() Snapshot { return snap })
+	m.Request("a", 200)
+	m.Request("a", 200)
+	m.Request("a", 504)
+	m.Wakes.WithLabelValues("a", "ok").Inc()
+	m.WakeTime.WithLabelValues("a").Observe(0.4)
+	m.Sleeps.WithLabelValues("b", "idle").Inc()
+	m.Decisions.WithLabelValues("b", "sleep", "idle").Inc()
+
+	f := scrape(t, m)
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"napd_model_state", map[string]string{"model": "a", "state": "awake"}, 1},
+		{"napd_model_state", map[string]string{"model": "a", "state": "sleeping"}, 0},
+		{"napd_model_state", map[string]string{"model": "b", "state": "sleeping"}, 1},
+		{"napd_queue_depth", map[string]string{"model": "a"}, 3},
+		{"napd_leases_in_flight", map[string]string{"model": "a"}, 5},
+		{"napd_engine_memory_bytes", map[string]string{"model": "a"}, 1 << 30},
+		{"napd_model_gpu_memory_bytes", map[string]string{"model": "a", "gpu": "0"}, 2 << 30},
+		{"napd_gpu_memory_total_bytes", map[string]string{"gpu": "0"}, 80 << 30},
+		{"napd_host_memory_available_bytes", nil, 4 << 30},
+		{"napd_memory_pressure_some_avg10", nil, 1.5},
+		{"napd_requests_total", map[string]string{"model": "a", "code": "200"}, 2},
+		{"napd_requests_total", map[string]string{"model": "a", "code": "504"}, 1},
+		{"napd_wakes_total", map[string]string{"model": "a", "result": "ok"}, 1},
+		{"napd_wake_duration_seconds", map[string]string{"model": "a"}, 1},
+		{"napd_sleeps_total", map[string]string{"model": "b", "reason": "idle"}, 1},
+		{"napd_planner_decisions_total", map[string]string{"model": "b"}, 1},
+	}
+	for _, c := range checks {
+		fam, ok := f[c.name]
+		if !ok {
+			t.Errorf("%s missing", c.name)
+			continue
+		}
+		got, ok := value(fam, c.labels)
+		if !ok || got != c.want {
+			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	if _, ok := value(f["napd_engine_memory_bytes"], map[string]string{"model": "b"}); ok {
+		t.Error("unmeasured engine memory must not be exported as a number")
+	}
+
+	m.Forget("a")
+	if _, ok := scrape(t, m)["napd_requests_total"]; ok {
+		t.Error("Forget left the removed model's request counters")
+	}
+}

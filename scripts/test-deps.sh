@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite needs, only those missing.
+# As root it uses apt-get; otherwise it names what to install and fails.
+set -euo pipefail
+
+# One package a line, with the reason it is needed.
+PACKAGES=(
+	python3-zmq     # libzmq peer for the ZeroMQ transport interop tests
+	python3-msgpack # message encoding of that peer
+	iproute2        # ip(8): loopback inside the systemd test box
+	lintian         # checks the built .deb
+)
+
+installed() {
+	dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+if ! command -v dpkg-query >/dev/null; then
+	echo "test-deps: not a Debian system; install the equivalents of: ${PACKAGES[*]}" >&2
+	exit 1
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+	installed "$pkg" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+	exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "test-deps: missing Debian packages: ${missing[*]}" >&2
+	echo "test-deps: install them with: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
+	exit 1
+fi
+
+echo "test-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
