@@ -1,0 +1,166 @@
+// Command napd-demo-engine emulates a vLLM OpenAI-compatible server without
+// a GPU, so that napd can be developed, demonstrated and tested end to end.
+// See docs/demo-engine.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/internal/demoengine"
+)
+
+// shutdownTimeout bounds the graceful exit after SIGTERM or SIGINT.
+const shutdownTimeout = 5 * time.Second
+
+// errFailStart is --fail-start's failure; it exits with status 1.
+var errFailStart = errors.New("failing start as configured (--fail-start)")
+
+func main() {
+	err := run(os.Args[1:], os.Stderr)
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		// -h printed the usage; asking for help is not a failure.
+	default:
+		fmt.Fprintln(os.Stderr, "napd-demo-engine:", err)
+		code := 1
+		if _, ok := errors.AsType[usageError](err); ok {
+			code = 2
+		}
+		os.Exit(code)
+	}
+}
+
+// usageError is a bad command line (exit status 2).
+type usageError struct{ error }
+
+// cmdline is the parsed command line.
+type cmdline struct {
+	host          string
+	port          int
+	failStart     bool
+	ignoreSIGTERM bool
+	opts          demoengine.Options
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// sizeFlag is a byte size flag ("512MiB").
+type sizeFlag struct{ n *int64 }
+
+func (f sizeFlag) String() string {
+	if f.n == nil {
+		return "0"
+	}
+	return strconv.FormatInt(*f.n, 10)
+}
+
+func (f sizeFlag) Set(v string) error {
+	n, err := config.ParseSize(v)
+	if err != nil {
+		return err
+	}
+	*f.n = n
+	return nil
+}
+
+func parseFlags(args []string, stderr *os.File) (cmdline, error) {
+	var c cmdline
+	fs := flag.NewFlagSet("napd-demo-engine", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var models stringList
+	fs.StringVar(&c.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&c.port, "port", 8000, "port to listen on (0 picks a free one; the log names it)")
+	fs.Var(&models, "model", "served model name (repeatable; default \"demo\")")
+	fs.DurationVar(&c.opts.StartupDelay, "startup-delay", 0, "time spent loading before /health turns 200")
+	fs.DurationVar(&c.opts.TTFT, "ttft", 100*time.Millisecond, "time to the first token")
+	fs.Float64Var(&c.opts.TokensPerSecond, "tokens-per-second", 50, "pace of the tokens after the first (0 = no delay)")
+	fs.BoolVar(&c.opts.SleepMode, "sleep-mode", false, "serve vLLM's sleep endpoints and SGLang's memory-occupation ones")
+	fs.DurationVar(&c.opts.WakeDelay, "wake-delay", 0, "time a wake_up takes")
+	fs.Var(sizeFlag{&c.opts.MemoryBytes}, "memory", "resident memory held as weights, e.g. 512MiB (sizes as in napd.toml)")
+	fs.IntVar(&c.opts.MaxNumSeqs, "max-num-seqs", 256, "completions running at once; more wait")
+	fs.BoolVar(&c.failStart, "fail-start", false, "exit with status 1 after the startup delay")
+	fs.BoolVar(&c.opts.HangHealth, "hang-health", false, "never answer /health")
+	fs.IntVar(&c.opts.CrashAfter, "crash-after", 0, "exit with status 3 on the Nth completion (mid-stream if streamed); 0 = never")
+	fs.BoolVar(&c.ignoreSIGTERM, "ignore-sigterm", false, "ignore SIGTERM, so that only SIGKILL stops the engine")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
+		return c, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return c, usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	c.opts.Models = models
+	return c, nil
+}
+
+func run(args []string, stderr *os.File) error {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	c.opts.Logger = log
+
+	signals := []os.Signal{os.Interrupt}
+	if c.ignoreSIGTERM {
+		signal.Ignore(syscall.SIGTERM)
+	} else {
+		signals = append(signals, syscall.SIGTERM)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), signals...)
+	defer stop()
+
+	engine := demoengine.New(c.opts)
+	ln, err := net.Listen("tcp", net.JoinHostPort(c.host, strconv.Itoa(c.port)))
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           engine.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		// Every request sees shutdown, so open streams end at once.
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("listening", "addr", ln.Addr().String(), "models", engine.Models(), "sleep_mode", c.opts.SleepMode)
+
+	var failStart <-chan time.Time
+	if c.failStart {
+		failStart = time.After(c.opts.StartupDelay)
+	}
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-failStart:
+		return errFailStart
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package demoengine
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Options configures an Engine. The zero value is a usable, instant engine
+// serving one model called "demo" without sleep mode.
+type Options struct {
+	// Models are the served model names; the first labels the metrics.
+	// Empty means ["demo"].
+	Models []string
+	// StartupDelay is how long the engine "loads": until it passes, every
+	// endpoint except /debug/ answers 503.
+	StartupDelay time.Duration
+	// TTFT is the delay before the first token of every completion.
+	TTFT time.Duration
+	// TokensPerSecond paces the tokens after the first; 0 means no delay.
+	TokensPerSecond float64
+	// SleepMode serves vLLM's dev endpoints (/sleep, /wake_up, /is_sleeping,
+	// /collective_rpc, /reset_prefix_cache) and SGLang's
+	// /release_memory_occupation and /resume_memory_occupation.
+	SleepMode bool
+	// WakeDelay is how long a wake_up (or resume) takes.
+	WakeDelay time.Duration
+	// MemoryBytes is the size of the emulated weights: allocated and
+	// touched so that it is resident, kept by a level-1 sleep, freed by a
+	// level-2 sleep and allocated again by the wake.
+	MemoryBytes int64
+	// HangHealth makes /health never answer.
+	HangHealth bool
+	// CrashAfter makes the engine exit with status 3 on its Nth completion:
+	// a non-streamed one after its answer is sent, a streamed one after a
+	// few chunks. 0 disables it.
+	CrashAfter int
+	// MaxNumSeqs is how many completions run at once; the rest wait
+	// (vllm:num_requests_waiting). 0 means 256, vLLM's default.
+	MaxNumSeqs int
+	// Exit ends the process; nil means os.Exit. Tests replace it.
+	Exit func(code int)
+	// Logger receives control-plane events; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// CrashExitCode is the exit status of a --crash-after crash.
+const CrashExitCode = 3
+
+const defaultMaxNumSeqs = 256
