@@ -1,0 +1,214 @@
+// Package planner decides which models to put to sleep and whether a wake
+// fits in GPU memory. It is pure: evidence (leases, engine metrics, memory
+// figures, the time) goes in, decisions with their reasons and the figures
+// they used come out. It owns no clock, socket or goroutine and logs
+// nothing; the agent measures, calls it, logs each decision and acts.
+package planner
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+)
+
+// Lifecycle states the planner distinguishes (the lifecycle's state names).
+const (
+	StateAwake    = "awake"
+	StateDraining = "draining"
+	StateSleeping = "sleeping"
+	StateWaking   = "waking"
+)
+
+// Engine is what the engine's own metrics say about its work.
+type Engine int
+
+// Engine evidence.
+const (
+	// EngineNone: the engine publishes no request counts (or the scrape
+	// failed), so idleness cannot be proven from it.
+	EngineNone Engine = iota
+	// EngineIdle: no running and no waiting request.
+	EngineIdle
+	// EngineBusy: requests running or waiting, perhaps from clients that
+	// bypass napd.
+	EngineBusy
+)
+
+func (e Engine) String() string {
+	switch e {
+	case EngineIdle:
+		return "idle"
+	case EngineBusy:
+		return "busy"
+	}
+	return "none"
+}
+
+// Leases is the lease tracker's evidence for one model.
+type Leases struct {
+	// Active is the number of live leases (requests in flight or queued).
+	Active int
+	// IdleSince is when the last lease ended (or the model woke, if none
+	// has been taken since). The zero time means unknown: the model is
+	// never treated as idle long enough.
+	IdleSince time.Time
+}
+
+// Model is one configured model as the planner sees it.
+type Model struct {
+	Name string
+	// State is the lifecycle state's name, e.g. StateAwake. Only awake
+	// models are put to sleep; draining ones are already going.
+	State  string
+	Pinned bool
+	// Sleep is the sleep strategy (config.Sleep*); config.SleepNone is the
+	// same as Pinned.
+	Sleep string
+	GPUs  []int
+	// Footprint is the model's GPU memory in bytes over all its GPUs
+	// (gpu_memory, or the remembered measurement); 0 = unknown. It is
+	// assumed to be spread evenly over GPUs (tensor parallelism).
+	Footprint   int64
+	IdleTimeout time.Duration // 0 = never put to sleep for idleness
+	// IdleMinimum is the anti-flap guard: a model is no candidate for any
+	// sleep until it has been idle this long.
+	IdleMinimum time.Duration
+	Leases      Leases
+	Engine      Engine
+	// AllowUntracked (allow_untracked_unload) lets EngineNone count as idle.
+	AllowUntracked bool
+	// LastUsed orders victims: least recently used first.
+	LastUsed time.Time
+	// GPUBytes is the measured GPU memory of the model's processes per GPU
+	// index; a GPU absent from the map was not measured.
+	GPUBytes map[int]int64
+	// HostBytes is the measured host memory of the engine (its cgroup);
+	// 0 = not measured.
+	HostBytes int64
+}
+
+// GPU is one device's memory. Devices that do not report memory are left
+// out; the planner checks nothing on them.
+type GPU struct {
+	Index int
+	Total int64
+	Free  int64
+}
+
+// Host is the host's memory evidence.
+type Host struct {
+	MemAvailable int64
+	HaveMem      bool
+	PSISomeAvg10 float64
+	HavePSI      bool
+}
+
+// Input is everything one planning round looks at.
+type Input struct {
+	Now      time.Time
+	Models   []Model
+	GPUs     []GPU
+	Host     Host
+	Pressure config.Pressure
+}
+
+func (m *Model) pinned() bool { return m.Pinned || m.Sleep == config.SleepNone }
+
+// idle reports proven idleness: no lease, and the engine agrees (or the
+// operator allowed unloading without its word).
+func (m *Model) idle() bool {
+	if m.Leases.Active > 0 {
+		return false
+	}
+	return m.Engine == EngineIdle || (m.Engine == EngineNone && m.AllowUntracked)
+}
+
+func (m *Model) idleFor(now time.Time) time.Duration {
+	if m.Leases.IdleSince.IsZero() {
+		return 0
+	}
+	return max(now.Sub(m.Leases.IdleSince), 0)
+}
+
+// evictable reports an awake model that may be put to sleep now for any
+// reason: unpinned, proven idle, and idle for at least its minimum.
+func (m *Model) evictable(now time.Time) bool {
+	return m.State == StateAwake && !m.pinned() && m.idle() &&
+		!m.Leases.IdleSince.IsZero() && m.idleFor(now) >= m.IdleMinimum
+}
+
+// holds is the label used in a refusal for a model whose memory cannot be
+// taken: why it is not a candidate.
+func (m *Model) holds(now time.Time) string {
+	switch {
+	case m.pinned():
+		return "pinned"
+	case m.State != StateAwake:
+		return m.State
+	case m.Leases.Active > 0 || m.Engine == EngineBusy:
+		return "busy"
+	case !m.idle():
+		return "untracked"
+	case !m.evictable(now):
+		return "recently used"
+	}
+	return "idle"
+}
+
+// gpuShare is what the model occupies on GPU g: the measurement when there
+// is one, else its footprint's even share.
+func (m *Model) gpuShare(g int) int64 {
+	if b, ok := m.GPUBytes[g]; ok {
+		return b
+	}
+	if m.Footprint > 0 && slices.Contains(m.GPUs, g) {
+		return ceilDiv(m.Footprint, int64(len(m.GPUs)))
+	}
+	return 0
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// lru sorts models least recently used first; the name breaks ties so that
+// plans are deterministic.
+func lru(ms []*Model) {
+	slices.SortStableFunc(ms, func(a, b *Model) int {
+		if c := a.LastUsed.Compare(b.LastUsed); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+}
+
+// gib formats bytes for messages.
+func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+// gpuOf finds a GPU by index.
+func (in *Input) gpuOf(index int) (GPU, bool) {
+	for _, g := range in.GPUs {
+		if g.Index == index {
+			return g, true
+		}
+	}
+	return GPU{}, false
+}
+
+// hostPressed reports host memory or PSI pressure, under which a vllm-l1
+// sleep would park weights in the RAM that is short.
+func (in *Input) hostPressed() bool {
+	return in.hostShortfall() > 0 || in.psiPressed()
+}
+
+func (in *Input) hostShortfall() int64 {
+	if !in.Host.HaveMem {
+		return 0
+	}
+	return in.Pressure.HostReserve - in.Host.MemAvailable
+}
+
+func (in *Input) psiPressed() bool {
+	return in.Host.HavePSI && in.Host.PSISomeAvg10 > in.Pressure.PSISomeAvg10
+}

@@ -1,0 +1,470 @@
+package planner
+
+import (
+	"bytes"
+	"log/slog"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+)
+
+const GiB = 1 << 30
+
+var now = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+
+// gib10 is tenths of a GiB in bytes.
+func gib10(tenths int64) int64 { return tenths * GiB / 10 }
+
+type opt func(*Model)
+
+// model is an awake, proven-idle model on GPU 0, idle for 5 minutes, with
+// a 15m idle timeout and a 1m anti-flap minimum.
+func model(name string, opts ...opt) Model {
+	m := Model{
+		Name: name, State: StateAwake, Sleep: config.SleepStop, GPUs: []int{0},
+		IdleTimeout: 15 * time.Minute, IdleMinimum: time.Minute, Engine: EngineIdle,
+	}
+	idleFor(5 * time.Minute)(&m)
+	for _, o := range opts {
+		o(&m)
+	}
+	return m
+}
+
+func idleFor(d time.Duration) opt {
+	return func(m *Model) { m.Leases.IdleSince, m.LastUsed = now.Add(-d), now.Add(-d) }
+}
+func holds(gpuBytes map[int]int64) opt {
+	return func(m *Model) {
+		m.GPUBytes = gpuBytes
+		m.GPUs = m.GPUs[:0]
+		for g := range gpuBytes {
+			m.GPUs = append(m.GPUs, g)
+		}
+	}
+}
+func onGPUs(gs ...int) opt            { return func(m *Model) { m.GPUs = gs } }
+func footprint(b int64) opt           { return func(m *Model) { m.Footprint = b } }
+func sleep(s string) opt              { return func(m *Model) { m.Sleep = s } }
+func state(s string) opt              { return func(m *Model) { m.State = s } }
+func hostBytes(b int64) opt           { return func(m *Model) { m.HostBytes = b } }
+func engine(e Engine) opt             { return func(m *Model) { m.Engine = e } }
+func leases(n int) opt                { return func(m *Model) { m.Leases.Active = n } }
+func idleTimeout(d time.Duration) opt { return func(m *Model) { m.IdleTimeout = d } }
+func pinned(m *Model)                 { m.Pinned = true }
+func untrackedAllowed(m *Model)       { m.AllowUntracked = true }
+
+var pressure = config.Pressure{GPUReserve: 1 * GiB, HostReserve: 2 * GiB, PSISomeAvg10: 20}
+
+// roomy is a host and GPU without any pressure.
+func roomy(models ...Model) Input {
+	return Input{
+		Now: now, Models: models, Pressure: pressure,
+		GPUs: []GPU{{Index: 0, Total: 80 * GiB, Free: 40 * GiB}, {Index: 1, Total: 80 * GiB, Free: 40 * GiB}},
+		Host: Host{MemAvailable: 100 * GiB, HaveMem: true, PSISomeAvg10: 0.5, HavePSI: true},
+	}
+}
+
+func gpuFree(in Input, g int, free int64) Input {
+	for i := range in.GPUs {
+		if in.GPUs[i].Index == g {
+			in.GPUs[i].Free = free
+		}
+	}
+	return in
+}
+
+type want struct {
+	model  string
+	action Action
+	strat  string
+	reason Reason
+}
+
+func summary(ds []Decision) []want {
+	var out []want
+	for _, d := range ds {
+		out = append(out, want{d.Model, d.Action, d.Strategy, d.Reason})
+	}
+	return out
+}
+
+func TestPlan_Rules(t *testing.T) {
+	tests := []struct {
+		name       string
+		in         Input
+		want       []want
+		unrelieved int
+	}{
+		{
+			name: "idle past its timeout sleeps with its strategy",
+			in:   roomy(model("a", sleep(config.SleepVLLML2), idleFor(16*time.Minute)), model("b")),
+			want: []want{{"a", ActionSleep, config.SleepVLLML2, ReasonIdle}},
+		},
+		{
+			name: "idle timeout 0 never sleeps for idleness",
+			in:   roomy(model("a", idleTimeout(0), idleFor(48*time.Hour))),
+		},
+		{
+			name: "never: a live lease, even long after IdleSince",
+			in:   roomy(model("a", leases(1), idleFor(time.Hour))),
+		},
+		{
+			name: "never: an engine reporting work nobody leased",
+			in:   roomy(model("a", engine(EngineBusy), idleFor(time.Hour))),
+		},
+		{
+			name: "never: unprovable idleness without allow_untracked_unload",
+			in:   roomy(model("a", engine(EngineNone), idleFor(time.Hour))),
+		},
+		{
+			name: "unprovable idleness with allow_untracked_unload sleeps",
+			in:   roomy(model("a", engine(EngineNone), untrackedAllowed, idleFor(time.Hour))),
+			want: []want{{"a", ActionSleep, config.SleepStop, ReasonIdle}},
+		},
+		{
+			name: "never: pinned or sleep none, even idle under GPU pressure",
+			in: gpuFree(roomy(
+				model("p", pinned, idleFor(time.Hour), holds(map[int]int64{0: 30 * GiB})),
+				model("n", sleep(config.SleepNone), idleFor(time.Hour), holds(map[int]int64{0: 30 * GiB})),
+			), 0, 0),
+			unrelieved: 1,
+		},
+		{
+			name: "never: a model that is not awake",
+			in:   roomy(model("a", state(StateWaking), idleFor(time.Hour)), model("b", state(StateSleeping), idleFor(time.Hour))),
+		},
+		{
+			name: "GPU pressure sleeps the least recently used idle model that covers it",
+			in: gpuFree(roomy(
+				model("new", idleFor(2*time.Minute), holds(map[int]int64{0: 10 * GiB})),
+				model("old", sleep(config.SleepVLLML1), idleFor(10*time.Minute), holds(map[int]int64{0: 10 * GiB})),
+				model("other-gpu", idleFor(14*time.Minute), holds(map[int]int64{1: 10 * GiB})),
+			), 0, GiB/2),
+			want: []want{{"old", ActionSleep, config.SleepVLLML1, ReasonGPUPressure}},
+		},
+		{
+			name: "GPU pressure takes as many as the shortfall needs, LRU first",
+			in: gpuFree(roomy(
+				model("a", idleFor(3*time.Minute), holds(map[int]int64{0: GiB / 2})),
+				model("b", idleFor(4*time.Minute), holds(map[int]int64{0: GiB / 2})),
+				model("c", idleFor(2*time.Minute), holds(map[int]int64{0: GiB / 2})),
+			), 0, 0),
+			want: []want{{"b", ActionSleep, config.SleepStop, ReasonGPUPressure}, {"a", ActionSleep, config.SleepStop, ReasonGPUPressure}},
+		},
+		{
+			name: "GPU pressure uses the footprint share when not measured",
+			in:   gpuFree(roomy(model("tp2", onGPUs(0, 1), footprint(8*GiB))), 1, 0),
+			want: []want{{"tp2", ActionSleep, config.SleepStop, ReasonGPUPressure}},
+		},
+		{
+			name: "idle decisions count toward GPU relief",
+			in: gpuFree(roomy(
+				model("expired", idleFor(20*time.Minute), holds(map[int]int64{0: 4 * GiB})),
+				model("recent", idleFor(5*time.Minute), holds(map[int]int64{0: 4 * GiB})),
+			), 0, 0),
+			want: []want{{"expired", ActionSleep, config.SleepStop, ReasonIdle}},
+		},
+		{
+			name: "a model still draining counts as relief: no flood of sleeps",
+			in: gpuFree(roomy(
+				model("going", state(StateDraining), holds(map[int]int64{0: 4 * GiB})),
+				model("idle", holds(map[int]int64{0: 4 * GiB})),
+			), 0, 0),
+		},
+		{
+			name: "never flap: a model idle for less than its minimum is no victim",
+			in: gpuFree(roomy(
+				model("just-woken", idleFor(20*time.Second), holds(map[int]int64{0: 20 * GiB})),
+			), 0, 0),
+			unrelieved: 1,
+		},
+		{
+			name: "host pressure stops a vllm-l1 model instead of sleeping it",
+			in: func() Input {
+				in := roomy(
+					model("l1", sleep(config.SleepVLLML1), hostBytes(6*GiB)),
+					model("l2", sleep(config.SleepVLLML2), hostBytes(6*GiB), idleFor(10*time.Minute)),
+				)
+				in.Host.MemAvailable = GiB
+				return in
+			}(),
+			want: []want{{"l1", ActionStop, config.SleepStop, ReasonHostPressure}},
+		},
+		{
+			name: "host pressure stops a vllm-l1 model asleep with weights in RAM",
+			in: func() Input {
+				in := roomy(model("parked", sleep(config.SleepVLLML1), state(StateSleeping), hostBytes(30*GiB), engine(EngineNone)))
+				in.Host.MemAvailable = GiB
+				return in
+			}(),
+			want: []want{{"parked", ActionStop, config.SleepStop, ReasonHostPressure}},
+		},
+		{
+			name: "under host pressure an idle vllm-l1 sleep becomes a stop",
+			in: func() Input {
+				in := roomy(model("l1", sleep(config.SleepVLLML1), idleFor(time.Hour), hostBytes(8*GiB)))
+				in.Host.MemAvailable = GiB
+				return in
+			}(),
+			want: []want{{"l1", ActionStop, config.SleepStop, ReasonIdle}},
+		},
+		{
+			name: "host pressure with nothing to stop is reported",
+			in: func() Input {
+				in := roomy(model("busy", leases(2), hostBytes(8*GiB)))
+				in.Host.MemAvailable = GiB
+				return in
+			}(),
+			unrelieved: 1,
+		},
+		{
+			name: "PSI pressure stops one engine per round, LRU first",
+			in: func() Input {
+				in := roomy(
+					model("a", hostBytes(4*GiB), idleFor(3*time.Minute)),
+					model("b", hostBytes(4*GiB), idleFor(4*time.Minute)),
+				)
+				in.Host.PSISomeAvg10 = 35
+				return in
+			}(),
+			want: []want{{"b", ActionSleep, config.SleepStop, ReasonPSIPressure}},
+		},
+		{
+			name: "no PSI reading is no PSI pressure",
+			in: func() Input {
+				in := roomy(model("a", hostBytes(4*GiB)))
+				in.Host.PSISomeAvg10, in.Host.HavePSI = 99, false
+				return in
+			}(),
+		},
+		{
+			name: "each model gets one decision",
+			in: func() Input {
+				in := gpuFree(roomy(model("a", idleFor(time.Hour), hostBytes(4*GiB), holds(map[int]int64{0: 4 * GiB}))), 0, 0)
+				in.Host.MemAvailable = 0
+				return in
+			}(),
+			want:       []want{{"a", ActionSleep, config.SleepStop, ReasonIdle}},
+			unrelieved: 0,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Plan(tt.in)
+			if s := summary(got.Decisions); !reflect.DeepEqual(s, tt.want) {
+				t.Errorf("decisions = %+v\nwant %+v", s, tt.want)
+			}
+			if len(got.Unrelieved) != tt.unrelieved {
+				t.Errorf("unrelieved = %q, want %d", got.Unrelieved, tt.unrelieved)
+			}
+			for _, d := range got.Decisions {
+				if d.Message == "" || !strings.Contains(d.Message, d.Model) {
+					t.Errorf("message %q does not name %s", d.Message, d.Model)
+				}
+			}
+		})
+	}
+}
+
+func TestPlan_MessagesCarryFigures(t *testing.T) {
+	in := gpuFree(roomy(model("old", idleFor(10*time.Minute), holds(map[int]int64{0: 10 * GiB}))), 0, GiB/2)
+	got := Plan(in).Decisions
+	if len(got) != 1 {
+		t.Fatalf("decisions = %+v", got)
+	}
+	d := got[0]
+	wantMsg := "sleep old (stop): GPU 0 has 0.5 GiB free, below gpu_reserve 1.0 GiB; frees ~10.0 GiB there; idle 10m0s"
+	if d.Message != wantMsg {
+		t.Errorf("message = %q\nwant %q", d.Message, wantMsg)
+	}
+	if d.FreesGPU[0] != 10*GiB || d.IdleFor != 10*time.Minute {
+		t.Errorf("figures: frees %v, idle %v", d.FreesGPU, d.IdleFor)
+	}
+	var buf bytes.Buffer
+	slog.New(slog.NewTextHandler(&buf, nil)).Info("planner", "decision", d)
+	for _, field := range []string{"decision.model=old", "decision.reason=gpu-pressure", "decision.frees_gpu0_bytes=10737418240", "decision.idle_for=10m0s"} {
+		if !strings.Contains(buf.String(), field) {
+			t.Errorf("log line %q lacks %s", buf.String(), field)
+		}
+	}
+}
+
+func TestPlan_DoesNotModifyInput(t *testing.T) {
+	in := roomy(model("b", idleFor(time.Hour)), model("a", idleFor(2*time.Hour)))
+	Plan(in)
+	if in.Models[0].Name != "b" {
+		t.Error("Plan reordered the caller's models")
+	}
+}
+
+func TestPlanWake(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      Input
+		wake    string
+		outcome WakeOutcome
+		victims []string
+		message string
+	}{
+		{
+			name:    "fits in free memory minus the reserve",
+			in:      gpuFree(roomy(model("big", state(StateSleeping), footprint(39*GiB))), 0, 40*GiB),
+			wake:    "big",
+			outcome: WakeFits,
+		},
+		{
+			name:    "the reserve counts",
+			in:      gpuFree(roomy(model("big", state(StateSleeping), footprint(39*GiB+1))), 0, 40*GiB),
+			wake:    "big",
+			outcome: WakeRefused,
+		},
+		{
+			name: "puts idle models on the same GPU to sleep, LRU first, only as many as needed",
+			in: gpuFree(roomy(
+				model("big", state(StateSleeping), footprint(40*GiB)),
+				model("lru", idleFor(30*time.Minute), holds(map[int]int64{0: 20 * GiB})),
+				model("mru", idleFor(2*time.Minute), holds(map[int]int64{0: 20 * GiB})),
+				model("elsewhere", idleFor(time.Hour), holds(map[int]int64{1: 40 * GiB})),
+				model("pin", pinned, idleFor(time.Hour), holds(map[int]int64{0: 20 * GiB})),
+				model("busy", leases(1), idleFor(time.Hour), holds(map[int]int64{0: 20 * GiB})),
+			), 0, 30*GiB),
+			wake:    "big",
+			outcome: WakeMakeRoom,
+			victims: []string{"lru"},
+			message: "big (40.0 GiB) is 11.0 GiB on GPU 0 short; making room: lru",
+		},
+		{
+			name: "the 503 message names what holds how much",
+			in: func() Input {
+				in := roomy(
+					model("qwen3-32b", state(StateSleeping), footprint(40*GiB)),
+					model("llama-70b", leases(3), holds(map[int]int64{0: gib10(601)})),
+					model("embed", pinned, holds(map[int]int64{0: 2 * GiB})),
+				)
+				in.GPUs = []GPU{{Index: 0, Total: gib10(744), Free: gib10(123)}}
+				return in
+			}(),
+			wake:    "qwen3-32b",
+			outcome: WakeRefused,
+			message: "cannot fit qwen3-32b (40.0 GiB) on GPU 0: 12.3 GiB free; held by busy llama-70b (60.1 GiB), pinned embed (2.0 GiB); gpu_reserve 1.0 GiB",
+		},
+		{
+			name: "never evict to wake a model that would still not fit",
+			in: gpuFree(roomy(
+				model("big", state(StateSleeping), footprint(60*GiB)),
+				model("small-idle", idleFor(time.Hour), holds(map[int]int64{0: 5 * GiB})),
+				model("busy", engine(EngineBusy), holds(map[int]int64{0: 30 * GiB})),
+			), 0, 10*GiB),
+			wake:    "big",
+			outcome: WakeRefused,
+			message: "cannot fit big (60.0 GiB) on GPU 0: 10.0 GiB free; held by other processes (35.0 GiB), busy busy (30.0 GiB), idle small-idle (5.0 GiB); gpu_reserve 1.0 GiB",
+		},
+		{
+			name: "never flap: a model just woken for a request is no victim",
+			in: gpuFree(roomy(
+				model("big", state(StateSleeping), footprint(30*GiB)),
+				model("just-woken", idleFor(10*time.Second), holds(map[int]int64{0: 30 * GiB})),
+			), 0, 10*GiB),
+			wake:    "big",
+			outcome: WakeRefused,
+		},
+		{
+			name: "memory of its own sleeping engine need not be freed again",
+			in: gpuFree(roomy(
+				model("l1", sleep(config.SleepVLLML1), state(StateSleeping), footprint(20*GiB), holds(map[int]int64{0: 2 * GiB})),
+			), 0, 19*GiB),
+			wake:    "l1",
+			outcome: WakeFits,
+		},
+		{
+			name: "a model already waking reserves its share",
+			in: gpuFree(roomy(
+				model("second", state(StateSleeping), footprint(20*GiB)),
+				model("first", state(StateWaking), footprint(20*GiB)),
+			), 0, 30*GiB),
+			wake:    "second",
+			outcome: WakeRefused,
+		},
+		{
+			name: "tensor parallel: the footprint splits over its GPUs",
+			in: gpuFree(gpuFree(roomy(
+				model("tp", state(StateSleeping), onGPUs(0, 1), footprint(60*GiB)),
+				model("idle1", idleFor(time.Hour), holds(map[int]int64{1: 20 * GiB})),
+			), 0, 40*GiB), 1, 20*GiB),
+			wake:    "tp",
+			outcome: WakeMakeRoom,
+			victims: []string{"idle1"},
+		},
+		{
+			name: "memory draining back counts first",
+			in: gpuFree(roomy(
+				model("big", state(StateSleeping), footprint(40*GiB)),
+				model("going", state(StateDraining), holds(map[int]int64{0: 30 * GiB})),
+				model("idle", idleFor(time.Hour), holds(map[int]int64{0: 30 * GiB})),
+			), 0, 20*GiB),
+			wake:    "big",
+			outcome: WakeMakeRoom,
+			message: "big (40.0 GiB) is 21.0 GiB on GPU 0 short; making room: models already draining",
+		},
+		{
+			name:    "unknown footprint is not checked",
+			in:      gpuFree(roomy(model("new", state(StateSleeping))), 0, 0),
+			wake:    "new",
+			outcome: WakeFits,
+		},
+		{
+			name:    "a GPU without a memory reading is not checked",
+			in:      func() Input { in := roomy(model("x", state(StateSleeping), onGPUs(3), footprint(99*GiB))); return in }(),
+			wake:    "x",
+			outcome: WakeFits,
+		},
+		{
+			name:    "unknown model",
+			in:      roomy(),
+			wake:    "ghost",
+			outcome: WakeRefused,
+			message: `cannot plan wake of unknown model "ghost"`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := PlanWake(tt.in, tt.wake)
+			if got.Outcome != tt.outcome {
+				t.Errorf("outcome = %v (%s), want %v", got.Outcome, got.Message, tt.outcome)
+			}
+			var victims []string
+			for _, v := range got.Victims {
+				victims = append(victims, v.Model)
+				if v.Reason != ReasonMakeRoom || v.Action != ActionSleep {
+					t.Errorf("victim %+v: want a make-room sleep", v)
+				}
+			}
+			if !reflect.DeepEqual(victims, tt.victims) {
+				t.Errorf("victims = %v, want %v", victims, tt.victims)
+			}
+			if tt.message != "" && got.Message != tt.message {
+				t.Errorf("message = %q\nwant      %q", got.Message, tt.message)
+			}
+		})
+	}
+}
+
+func TestPlanWake_VictimUnderHostPressureIsStopped(t *testing.T) {
+	in := gpuFree(roomy(
+		model("big", state(StateSleeping), footprint(40*GiB)),
+		model("l1", sleep(config.SleepVLLML1), idleFor(time.Hour), holds(map[int]int64{0: 40 * GiB})),
+	), 0, 10*GiB)
+	in.Host.MemAvailable = GiB
+	got := PlanWake(in, "big")
+	if len(got.Victims) != 1 || got.Victims[0].Action != ActionStop {
+		t.Fatalf("victims = %+v, want l1 stopped", got.Victims)
+	}
+	want := "stop l1 instead of vllm-l1 sleep (host memory is short): make room for big (40.0 GiB); frees 40.0 GiB on GPU 0; idle 1h0m0s"
+	if got.Victims[0].Message != want {
+		t.Errorf("message = %q\nwant %q", got.Victims[0].Message, want)
+	}
+}
