@@ -17,6 +17,7 @@
 //	case lifecycle.Refuse:       // 503 d.Refusal; End its lease
 //	}
 //	m.WakeDone(now, op, err, ev)     // AdmitWaiting | StartWake (next attempt) | RefuseWaiting | None
+//	m.WakeAborted(now, op, why)      // no GPU room: Sleeping, no attempt spent; refuse the queue
 //	m.LastLeaseEnded(now, ev)        // after tracker.End -> Idle: may IssueSleep
 //	m.RequestSleep(now, req, ev)     // planner or operator: IssueSleep | Declined | None
 //	m.SleepDone(now, op, err, ev)    // may StartWake if demand arrived meanwhile
@@ -201,6 +202,19 @@ func (m *Machine) WakeDone(now time.Time, op Op, err error, leases lease.Evidenc
 	m.awakeSince = now
 	m.set(now, Awake, "")
 	return Decision{Action: AdmitWaiting, Reason: "woke in " + m.lastWake.String()}
+}
+
+// WakeAborted handles a wake op that was never attempted because GPU memory
+// cannot be freed for it (busy or pinned models hold it). That is not the
+// engine's fault, so no attempt is spent: the model returns to Sleeping and
+// the caller refuses the requests queued for the wake with why.
+func (m *Machine) WakeAborted(now time.Time, op Op, why string) Decision {
+	if m.state != Waking || op != m.op {
+		return Decision{Reason: fmt.Sprintf("stale wake abort (op %d) ignored", op)}
+	}
+	m.op = 0
+	m.set(now, Sleeping, "wake refused: "+why)
+	return Decision{Reason: m.reason}
 }
 
 // SleepDone handles the result of sleep op: nil means the engine sleeps. A

@@ -640,3 +640,23 @@ func TestMachine_Strings(t *testing.T) {
 		}
 	}
 }
+
+// A wake that cannot fit in GPU memory is aborted before it is attempted:
+// no attempt is spent, the model sleeps again, and a stale abort is ignored.
+func TestMachine_WakeAbortedForNoRoom(t *testing.T) {
+	b := newBox(t, lifecycle.Policy{WakeAttempts: 1}, lifecycle.ReportAsleep)
+	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	wake := want(t, d, lifecycle.StartWake)
+	b.m.WakeAborted(b.now, wake.Op, "cannot fit big (40.0 GiB) on GPU 0")
+	snap := b.wantState(lifecycle.Sleeping)
+	if snap.Attempts != 0 || !strings.Contains(snap.Reason, "cannot fit") {
+		t.Fatalf("snapshot = %+v, want no attempt spent and the reason kept", snap)
+	}
+	if d := b.m.WakeAborted(b.now, wake.Op, "again"); d.Action != lifecycle.None || !strings.Contains(d.Reason, "stale") {
+		t.Fatalf("stale abort = %+v", d)
+	}
+	b.finish(id, lease.Outcome{Cancelled: true})
+	// With a budget of one attempt, a real wake can still run afterwards.
+	_, d = b.arrive(lease.Request{Kind: lease.KindChat})
+	want(t, b.wakeDone(want(t, d, lifecycle.StartWake).Op, nil), lifecycle.AdmitWaiting)
+}
