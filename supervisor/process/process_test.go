@@ -1,0 +1,478 @@
+package process
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/supervisor"
+	"github.com/napd/napd/supervisor/internal/fakeengine"
+)
+
+// envCrashingNapd makes the test binary play napd: start one engine with
+// the exec backend, write the engine's PID to the named directory, and wait
+// to be killed.
+const envCrashingNapd = "NAPD_TEST_CRASHING_NAPD"
+
+func TestMain(m *testing.M) {
+	fakeengine.MaybeRun()
+	if dir := os.Getenv(envCrashingNapd); dir != "" {
+		os.Exit(crashingNapd(dir))
+	}
+	os.Exit(m.Run())
+}
+
+func crashingNapd(dir string) int {
+	b, err := New(Options{StateDir: dir})
+	if err == nil {
+		err = b.Start(context.Background(), supervisor.Spec{
+			Model: "orphan", Command: []string{os.Args[0]},
+			Environment: fakeengine.Env(nil),
+		})
+	}
+	if err == nil {
+		var st supervisor.Status
+		st, err = b.Status(context.Background(), supervisor.Spec{Model: "orphan"})
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "engine.pid"), []byte(strconv.Itoa(st.PIDs[0])), 0o644)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	select {}
+}
+
+// fakeSpec runs this test binary as a fake engine configured by env.
+func fakeSpec(t *testing.T, model string, env map[string]string) supervisor.Spec {
+	t.Helper()
+	return supervisor.Spec{Model: model, Command: []string{os.Args[0]}, Environment: fakeengine.Env(env), Health: "/health"}
+}
+
+func newBackend(t *testing.T, opts Options) *Backend {
+	t.Helper()
+	if opts.StateDir == "" {
+		opts.StateDir = t.TempDir()
+	}
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// waitEvent returns the next event for model in state, failing after a
+// bounded wait.
+func waitEvent(t *testing.T, ch <-chan supervisor.Event, model string, state supervisor.ProcState) supervisor.Event {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatalf("event stream closed waiting for %s %s", model, state)
+			}
+			if ev.Model == model && ev.State == state {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no %s event for %s", state, model)
+		}
+	}
+}
+
+// alive reports whether pid is a live (non-zombie) process.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	state, _, err := parseStat(b)
+	return err == nil && state != 'Z' && state != 'X'
+}
+
+// readPIDFile waits, bounded, for the fake engine to write its grandchild's PID.
+func readPIDFile(t *testing.T, path string) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			pid, err := strconv.Atoi(string(b))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no pid in %s", path)
+	return 0
+}
+
+func waitHealthy(t *testing.T, port int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", port))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("engine never healthy")
+}
+
+func TestBackend_StartStatusStop(t *testing.T) {
+	b := newBackend(t, Options{})
+	port := freePort(t)
+	spec := fakeSpec(t, "m1", map[string]string{fakeengine.EnvPort: strconv.Itoa(port)})
+	ctx := context.Background()
+
+	if err := b.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitEvent(t, b.Events(), "m1", supervisor.ProcRunning); ev.Reason != "started" {
+		t.Errorf("start event reason %q", ev.Reason)
+	}
+	waitHealthy(t, port)
+	st, err := b.Status(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != supervisor.ProcRunning || len(st.PIDs) == 0 {
+		t.Fatalf("status %+v, want running with pids", st)
+	}
+	if !st.HaveMemory || st.MemoryBytes <= 0 || !strings.HasPrefix(st.Reason, "memory: ") {
+		t.Errorf("status memory %+v", st)
+	}
+	if running, _ := b.Running(ctx); !slices.Equal(running, []string{"m1"}) {
+		t.Errorf("Running = %v", running)
+	}
+	// A second Start of a running engine is a no-op.
+	if err := b.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := b.Stop(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range st.PIDs {
+		if alive(pid) {
+			t.Errorf("pid %d alive after Stop", pid)
+		}
+	}
+	ev := waitEvent(t, b.Events(), "m1", supervisor.ProcStopped)
+	if ev.Reason != "signal: terminated" {
+		t.Errorf("stop reason %q", ev.Reason)
+	}
+	st, _ = b.Status(ctx, spec)
+	if st.State != supervisor.ProcStopped {
+		t.Errorf("after Stop: %+v", st)
+	}
+	if running, _ := b.Running(ctx); len(running) != 0 {
+		t.Errorf("Running after stop = %v", running)
+	}
+}
+
+func TestBackend_ExitIsReportedWithStatus(t *testing.T) {
+	b := newBackend(t, Options{})
+	spec := fakeSpec(t, "crash", map[string]string{fakeengine.EnvExitAfter: "50ms", fakeengine.EnvExitCode: "3"})
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	ev := waitEvent(t, b.Events(), "crash", supervisor.ProcFailed)
+	if ev.Reason != "exit status 3" {
+		t.Errorf("reason %q, want exit status 3", ev.Reason)
+	}
+	st, _ := b.Status(context.Background(), spec)
+	if st.State != supervisor.ProcFailed || st.Reason != "exit status 3" {
+		t.Errorf("status %+v", st)
+	}
+	// A failed engine starts again.
+	spec.Environment[fakeengine.EnvExitAfter] = ""
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.Status(context.Background(), spec); st.State != supervisor.ProcRunning {
+		t.Errorf("restart: %+v", st)
+	}
+}
+
+func TestBackend_StopEscalatesToSIGKILL(t *testing.T) {
+	b := newBackend(t, Options{})
+	pidFile := filepath.Join(t.TempDir(), "grandchild")
+	spec := fakeSpec(t, "stubborn", map[string]string{
+		fakeengine.EnvIgnoreTerm:        "1",
+		fakeengine.EnvGrandchildPIDFile: pidFile,
+	})
+	spec.StopTimeout = 200 * time.Millisecond
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	grandchild := readPIDFile(t, pidFile)
+	start := time.Now()
+	if err := b.Stop(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < spec.StopTimeout {
+		t.Errorf("Stop returned after %v, before the stop timeout", took)
+	}
+	ev := waitEvent(t, b.Events(), "stubborn", supervisor.ProcStopped)
+	if ev.Reason != "signal: killed" {
+		t.Errorf("reason %q, want signal: killed", ev.Reason)
+	}
+	if alive(grandchild) {
+		t.Errorf("grandchild %d outlived Stop", grandchild)
+	}
+}
+
+func TestBackend_StopCancelledKillsAtOnce(t *testing.T) {
+	b := newBackend(t, Options{})
+	port := freePort(t)
+	spec := fakeSpec(t, "stubborn", map[string]string{fakeengine.EnvIgnoreTerm: "1", fakeengine.EnvPort: strconv.Itoa(port)})
+	spec.StopTimeout = time.Hour
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	waitHealthy(t, port) // SIGTERM is ignored from here on
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.Status(context.Background(), spec); st.State != supervisor.ProcStopped || st.Reason != "signal: killed" {
+		t.Errorf("status %+v", st)
+	}
+}
+
+func TestBackend_LeaderExitKillsItsGroup(t *testing.T) {
+	b := newBackend(t, Options{})
+	pidFile := filepath.Join(t.TempDir(), "grandchild")
+	spec := fakeSpec(t, "leader", map[string]string{
+		fakeengine.EnvGrandchildPIDFile: pidFile,
+		fakeengine.EnvExitAfter:         "300ms",
+		fakeengine.EnvExitCode:          "1",
+	})
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	grandchild := readPIDFile(t, pidFile)
+	if ev := waitEvent(t, b.Events(), "leader", supervisor.ProcFailed); ev.Reason != "exit status 1" {
+		t.Errorf("reason %q", ev.Reason)
+	}
+	if alive(grandchild) {
+		t.Errorf("worker %d outlived its leader", grandchild)
+	}
+}
+
+func TestBackend_CloseLeavesNoOrphans(t *testing.T) {
+	b := newBackend(t, Options{})
+	dir := t.TempDir()
+	var pids []int
+	for _, m := range []string{"a", "b"} {
+		pidFile := filepath.Join(dir, m)
+		spec := fakeSpec(t, m, map[string]string{
+			fakeengine.EnvIgnoreTerm:        "1",
+			fakeengine.EnvGrandchildPIDFile: pidFile,
+		})
+		spec.StopTimeout = 100 * time.Millisecond
+		if err := b.Start(context.Background(), spec); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := b.Status(context.Background(), spec)
+		pids = append(pids, st.PIDs...)
+		pids = append(pids, readPIDFile(t, pidFile))
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		if alive(pid) {
+			t.Errorf("pid %d outlived Close", pid)
+		}
+	}
+	for range b.Events() {
+		// drain until closed
+	}
+	if err := b.Start(context.Background(), fakeSpec(t, "late", nil)); err == nil {
+		t.Error("Start after Close succeeded")
+	}
+}
+
+func TestBackend_OutputCapturedAndRotated(t *testing.T) {
+	const max = 10 << 10
+	b := newBackend(t, Options{LogMaxBytes: max, LogKeep: 2})
+	spec := fakeSpec(t, "chatty", map[string]string{
+		fakeengine.EnvSpewBytes: "50000",
+		fakeengine.EnvExitAfter: "10ms",
+	})
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, b.Events(), "chatty", supervisor.ProcFailed)
+
+	path := b.LogPath("chatty")
+	if filepath.Dir(path) != filepath.Join(b.opts.StateDir, "logs") || filepath.Base(path) != "chatty.log" {
+		t.Errorf("log path %s", path)
+	}
+	for _, p := range []string{path, path + ".1", path + ".2"} {
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() > max {
+			t.Errorf("%s is %d bytes, over %d", p, st.Size(), max)
+		}
+	}
+	if _, err := os.Stat(path + ".3"); !os.IsNotExist(err) {
+		t.Errorf("%s.3 kept beyond LogKeep: %v", path, err)
+	}
+	lines, err := b.Tail("chatty", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 2 || lines[1] != "--- napd: engine failed: exit status 0" || lines[0] != strings.Repeat("x", 99) {
+		t.Errorf("tail = %q", lines)
+	}
+}
+
+func TestBackend_EnvironmentReachesEngine(t *testing.T) {
+	t.Setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+	t.Setenv("LISTEN_FDS", "3")
+	b := newBackend(t, Options{})
+	spec := fakeSpec(t, "env", map[string]string{
+		fakeengine.EnvPrintEnv:  "CUDA_VISIBLE_DEVICES,NOTIFY_SOCKET,LISTEN_FDS,FROM_SPEC",
+		fakeengine.EnvExitAfter: "10ms",
+		"FROM_SPEC":             "yes",
+	})
+	spec.GPUs = []int{2, 0}
+	spec.WorkingDirectory = t.TempDir()
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, b.Events(), "env", supervisor.ProcFailed)
+	lines, err := b.Tail("env", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"CUDA_VISIBLE_DEVICES=2,0 (set=true)",
+		"NOTIFY_SOCKET= (set=false)",
+		"LISTEN_FDS= (set=false)",
+		"FROM_SPEC=yes (set=true)",
+	} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("engine output lacks %q: %q", want, lines)
+		}
+	}
+}
+
+func TestBackend_User(t *testing.T) {
+	b := newBackend(t, Options{})
+	spec := supervisor.Spec{Model: "u", Command: []string{"/bin/sh", "-c", "id -u"}, User: "nobody", WorkingDirectory: "/"}
+	err := b.Start(context.Background(), spec)
+	if os.Geteuid() != 0 {
+		if err == nil || !strings.Contains(err.Error(), "needs root") {
+			t.Fatalf("Start as non-root with User: %v", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, b.Events(), "u", supervisor.ProcFailed)
+	lines, _ := b.Tail("u", 10)
+	if !slices.Contains(lines, "65534") {
+		t.Errorf("engine did not run as nobody: %q", lines)
+	}
+}
+
+func TestBackend_StartErrors(t *testing.T) {
+	b := newBackend(t, Options{})
+	for name, spec := range map[string]supervisor.Spec{
+		"unit only":    {Model: "x", Unit: "vllm.service"},
+		"no binary":    {Model: "x", Command: []string{"/nonexistent/engine"}},
+		"unknown user": {Model: "x", Command: []string{"/bin/true"}, User: "no-such-user-napd"},
+	} {
+		if err := b.Start(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "start x") {
+			t.Errorf("%s: err %v", name, err)
+		}
+	}
+	if _, err := New(Options{}); err == nil {
+		t.Error("New without state dir succeeded")
+	}
+}
+
+func TestEnviron(t *testing.T) {
+	got := environ([]string{"PATH=/bin", "NOTIFY_SOCKET=x", "WATCHDOG_USEC=1", "CUDA_VISIBLE_DEVICES=7", "A=base"},
+		supervisor.Spec{Environment: map[string]string{"A": "spec", "LISTEN_PID": "1"}, GPUs: []int{0, 1}})
+	want := []string{"A=spec", "CUDA_VISIBLE_DEVICES=0,1", "PATH=/bin"}
+	if !slices.Equal(got, want) {
+		t.Errorf("environ = %q, want %q", got, want)
+	}
+	// Without GPUs the inherited value stays.
+	got = environ([]string{"CUDA_VISIBLE_DEVICES=7"}, supervisor.Spec{})
+	if !slices.Equal(got, []string{"CUDA_VISIBLE_DEVICES=7"}) {
+		t.Errorf("environ = %q", got)
+	}
+}
+
+func TestLogName(t *testing.T) {
+	for in, want := range map[string]string{"qwen3-8b": "qwen3-8b.log", "Qwen/Qwen3 8B": "Qwen_Qwen3_8B.log", "../x": ".._x.log"} {
+		if got := logName(in); got != want {
+			t.Errorf("logName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestBackend_EngineDiesWithCrashedNapd(t *testing.T) {
+	dir := t.TempDir()
+	napd := exec.Command(os.Args[0])
+	napd.Env = append(os.Environ(), envCrashingNapd+"="+dir)
+	napd.Stderr = os.Stderr
+	if err := napd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	engine := readPIDFile(t, filepath.Join(dir, "engine.pid"))
+	if !alive(engine) {
+		t.Fatal("engine not running")
+	}
+	// napd crashes: no Close, no Stop.
+	if err := napd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = napd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(engine) {
+		if time.Now().After(deadline) {
+			syscall.Kill(engine, syscall.SIGKILL)
+			t.Fatalf("engine %d outlived napd", engine)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,59 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+)
+
+// strategy is one sleep strategy. A nil field means the strategy has no such
+// step: no sleep (none), no wake of a running engine (stop: wake is a start),
+// no way to ask the engine whether it sleeps (stop, sglang).
+type strategy struct {
+	// sleep puts a running engine to sleep and verifies it sleeps.
+	sleep func(ctx context.Context, t target) error
+	// wake wakes an engine this strategy put to sleep and verifies it.
+	wake func(ctx context.Context, t target) error
+	// asleep asks the engine whether it sleeps.
+	asleep func(ctx context.Context, t target) (bool, error)
+}
+
+// strategies is every sleep strategy by its config name (config.Sleep*).
+var strategies = map[string]strategy{
+	"stop":    {sleep: stopSleep},
+	"vllm-l1": vllmStrategy(1),
+	"vllm-l2": vllmStrategy(2),
+	"sglang":  {sleep: sglangRelease, wake: sglangResume},
+	"none":    {},
+}
+
+func lookupStrategy(name string) (strategy, error) {
+	s, ok := strategies[name]
+	if !ok {
+		return strategy{}, fmt.Errorf("unknown sleep strategy %q", name)
+	}
+	return s, nil
+}
+
+// target is what a strategy acts on: the engine's process through the
+// backend, and its HTTP control endpoints.
+type target struct {
+	spec    Spec
+	backend Backend
+	client  *http.Client
+}
+
+// stopSleep stops the engine and verifies no process is left.
+func stopSleep(ctx context.Context, t target) error {
+	if err := t.backend.Stop(ctx, t.spec); err != nil {
+		return err
+	}
+	st, err := t.backend.Status(ctx, t.spec)
+	if err != nil {
+		return fmt.Errorf("status after stop: %w", err)
+	}
+	if st.State != ProcStopped && st.State != ProcFailed {
+		return fmt.Errorf("engine still %s after stop", st.State)
+	}
+	return nil
+}
