@@ -49,7 +49,7 @@ type Admission struct {
 
 // Ticket is an admitted request. Exactly one of these holds:
 //   - Replay != nil: a finished response for the same idempotency key; send
-//     it and call Done(Outcome{Replayed: true}).
+//     it and call Done(Outcome{}).
 //   - Target != nil: forward to it, then call Done with the outcome.
 type Ticket struct {
 	// Target is the engine's root URL; Transport reaches it (an HTTP

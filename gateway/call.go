@@ -1,0 +1,398 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Headers the gateway reads or sets.
+const (
+	// HeaderRequestTimeout shortens the request's budget ("30s" or "30").
+	HeaderRequestTimeout = "X-Request-Timeout"
+	// HeaderQueueDepth is the model's queue depth when the reply was sent.
+	HeaderQueueDepth = "X-Queue-Depth"
+	// HeaderWakeMs is how long the request waited for a wake, in ms.
+	HeaderWakeMs = "X-Napd-Wake-Ms"
+	// HeaderReplayed marks a response replayed for an Idempotency-Key.
+	HeaderReplayed = "X-Napd-Replayed"
+	// HeaderIdempotencyKey names a request whose retries join or replay it.
+	HeaderIdempotencyKey = "Idempotency-Key"
+)
+
+// call is one request on its way through the gateway. The proxy hooks find
+// it in the request context; only the handler goroutine touches it.
+type call struct {
+	g         *Gateway
+	w         *recorder
+	start     time.Time
+	model     string // "" until resolved
+	client    string // API key name
+	stream    bool
+	wake      time.Duration
+	cancelled bool // the response is not complete (left, deadline, engine error)
+	replayed  bool
+
+	// Set for the proxy: where to send the request and with what.
+	ticket        *Ticket
+	path, rawPath string
+	proxyErr      error // from the proxy's ErrorHandler
+	bodyErr       error // reading the engine's response body
+	gone          bool  // the client left before the engine answered
+}
+
+type callKey struct{}
+
+func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
+
+// forward reads the body, finds the model (from the body when fromBody),
+// asks Models for a slot and proxies the request to path on the engine.
+func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
+	ctx, cancel, ok := c.deadline(r)
+	if !ok {
+		return
+	}
+	defer cancel()
+	body, ok := c.readBody(ctx, r)
+	if !ok {
+		return
+	}
+	fields, err := parseBody(body)
+	if fromBody {
+		if err != nil {
+			c.fail(http.StatusBadRequest, "invalid_json", "request body is not a valid JSON object: "+err.Error())
+			return
+		}
+		if fields.Model == "" {
+			c.fail(http.StatusBadRequest, "missing_model", "request body has no \"model\"")
+			return
+		}
+		model, ok := c.g.models.Resolve(fields.Model)
+		if !ok {
+			c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", fields.Model))
+			return
+		}
+		c.model = model
+	}
+	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
+	c.stream = err == nil && fields.Stream
+	c.path, c.rawPath = path, rawPath
+	c.admit(ctx, r, body, Admission{
+		Model:          c.model,
+		Client:         c.client,
+		Kind:           kindOf(path),
+		Stream:         c.stream,
+		IdempotencyKey: r.Header.Get(HeaderIdempotencyKey),
+	})
+}
+
+// upstream serves /upstream/<model>/<path…>: any method, path and query.
+func (c *call) upstream(r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.EscapedPath(), "/upstream/")
+	nameEsc, pathEsc, _ := strings.Cut(rest, "/")
+	// EscapedPath is always a valid escaping, so unescaping cannot fail.
+	name, _ := url.PathUnescape(nameEsc)
+	model, ok := c.g.models.Resolve(name)
+	if !ok {
+		c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
+		return
+	}
+	c.model = model
+	rawPath := "/" + pathEsc
+	path, _ := url.PathUnescape(rawPath)
+	c.forward(r, path, rawPath, false)
+}
+
+// deadline derives the request's single budget from request_timeout and
+// X-Request-Timeout, which may only shorten it.
+func (c *call) deadline(r *http.Request) (context.Context, context.CancelFunc, bool) {
+	d := c.g.opts.RequestTimeout
+	if h := r.Header.Get(HeaderRequestTimeout); h != "" {
+		hd, err := parseTimeout(h)
+		if err != nil {
+			c.fail(http.StatusBadRequest, "invalid_request_timeout", err.Error())
+			return nil, nil, false
+		}
+		if d == 0 || hd < d {
+			d = hd
+		}
+	}
+	if d == 0 {
+		ctx, cancel := context.WithCancel(r.Context())
+		return ctx, cancel, true
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), d)
+	return ctx, cancel, true
+}
+
+// readBody reads the whole body within max_body and the deadline: the
+// upload is part of the budget, so a slow client gets 504.
+func (c *call) readBody(ctx context.Context, r *http.Request) ([]byte, bool) {
+	if limit := c.g.opts.MaxBody; limit > 0 && r.ContentLength > limit {
+		// Announced too large: refuse without reading a byte of it.
+		c.fail(http.StatusRequestEntityTooLarge, "request_too_large",
+			fmt.Sprintf("request body is larger than %d bytes", limit))
+		return nil, false
+	}
+	rc := http.NewResponseController(c.w)
+	dl, hasDeadline := ctx.Deadline()
+	if hasDeadline {
+		// An error means no real server connection underneath; the read
+		// is then bounded by the client alone.
+		_ = rc.SetReadDeadline(dl)
+	}
+	src := r.Body
+	if c.g.opts.MaxBody > 0 {
+		// The unwrapped writer lets net/http close the connection after a 413.
+		src = http.MaxBytesReader(c.w.ResponseWriter, r.Body, c.g.opts.MaxBody)
+	}
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 && (c.g.opts.MaxBody == 0 || n <= c.g.opts.MaxBody) {
+		buf.Grow(int(n) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(src)
+	var tooLarge *http.MaxBytesError
+	switch {
+	case err == nil:
+		if hasDeadline {
+			// Left in place, the deadline would fire in the server's
+			// background read and look like a client disconnect. On the
+			// error paths below it stays, so net/http's discard of the
+			// unread body cannot block on a stalled client.
+			_ = rc.SetReadDeadline(time.Time{})
+		}
+		return buf.Bytes(), true
+	case errors.As(err, &tooLarge):
+		c.fail(http.StatusRequestEntityTooLarge, "request_too_large",
+			fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.fail(http.StatusGatewayTimeout, "timeout", "the request body did not arrive within the request deadline")
+	default:
+		c.abort()
+	}
+	return nil, false
+}
+
+// admit asks Models for a slot and then replays or proxies.
+func (c *call) admit(ctx context.Context, r *http.Request, body []byte, a Admission) {
+	t, err := c.g.models.Admit(ctx, a)
+	if err != nil {
+		c.refused(err)
+		return
+	}
+	c.wake = t.WakeWait
+	if t.Replay != nil {
+		c.replay(t)
+		return
+	}
+	c.proxy(ctx, r, body, t, a.IdempotencyKey != "")
+}
+
+// refused answers an Admit error: a Refusal says its own status; a deadline
+// is 504; a client that left gets nothing.
+func (c *call) refused(err error) {
+	var ref *Refusal
+	switch {
+	case errors.As(err, &ref):
+		status := ref.Status
+		if status == 0 {
+			status = http.StatusServiceUnavailable
+		}
+		code := ref.Code
+		if code == "" {
+			code = "model_unavailable"
+		}
+		if ref.RetryAfter > 0 {
+			secs := int64(math.Ceil(ref.RetryAfter.Seconds()))
+			c.w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		}
+		c.fail(status, code, ref.Message)
+	case errors.Is(err, context.DeadlineExceeded):
+		c.fail(http.StatusGatewayTimeout, "timeout",
+			fmt.Sprintf("model %s could not take the request within the request deadline", c.model))
+	case errors.Is(err, context.Canceled):
+		c.abort()
+	default:
+		c.g.log.Error("admit failed", slog.String("model", c.model), slog.Any("error", err))
+		c.fail(http.StatusInternalServerError, "internal_error", "napd could not admit the request")
+	}
+}
+
+// replay writes a stored response for a finished idempotent request.
+func (c *call) replay(t *Ticket) {
+	// Outcome has nothing to say about a replay: it was complete already.
+	defer t.Done(Outcome{})
+	c.replayed = true
+	h := c.w.Header()
+	for k, v := range t.Replay.Header {
+		h[k] = append([]string(nil), v...)
+	}
+	h.Set(HeaderReplayed, "true")
+	h.Set("Content-Length", strconv.Itoa(len(t.Replay.Body)))
+	c.setModelHeaders(c.w.Header())
+	status := t.Replay.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	c.w.WriteHeader(status)
+	_, _ = c.w.Write(t.Replay.Body)
+}
+
+// proxy forwards to the ticket's engine and calls Done once, after the
+// last byte (or on the way out of an abort).
+func (c *call) proxy(ctx context.Context, r *http.Request, body []byte, t *Ticket, capture bool) {
+	c.ticket = t
+	c.w.capture = capture
+	complete := false
+	defer func() {
+		c.cancelled = !complete
+		out := Outcome{Cancelled: !complete}
+		if complete && capture {
+			out.Response = c.w.stored()
+		}
+		t.Done(out)
+	}()
+	out := r.WithContext(context.WithValue(ctx, callKey{}, c))
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.ContentLength = int64(len(body))
+	out.TransferEncoding = nil
+	// Lets the transport retry a request that never reached a stale connection.
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	c.g.proxy.ServeHTTP(c.w, out)
+	if c.gone {
+		c.abort()
+	}
+	complete = c.proxyErr == nil && c.bodyErr == nil && c.w.err == nil
+}
+
+// abort ends a request whose client left (or whose server is shutting
+// down) without writing anything: net/http drops the connection.
+func (c *call) abort() {
+	c.cancelled = true
+	panic(http.ErrAbortHandler)
+}
+
+// listModels serves GET /v1/models.
+func (c *call) listModels(r *http.Request) {
+	if r.Method != http.MethodGet {
+		c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on /v1/models")
+		return
+	}
+	infos := c.g.models.List()
+	list := modelList{Object: "list", Data: make([]modelEntry, 0, len(infos))}
+	for _, m := range infos {
+		list.Data = append(list.Data, c.g.entry(m))
+	}
+	c.writeValue(http.StatusOK, list)
+}
+
+// getModel serves GET /v1/models/<name or alias>.
+func (c *call) getModel(r *http.Request, name string) {
+	if r.Method != http.MethodGet {
+		c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on /v1/models/")
+		return
+	}
+	if model, ok := c.g.models.Resolve(name); ok {
+		for _, m := range c.g.models.List() {
+			if m.Name == model {
+				c.writeValue(http.StatusOK, c.g.entry(m))
+				return
+			}
+		}
+	}
+	c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
+}
+
+type modelList struct {
+	Object string       `json:"object"`
+	Data   []modelEntry `json:"data"`
+}
+
+type modelEntry struct {
+	ID      string    `json:"id"`
+	Object  string    `json:"object"`
+	Created int64     `json:"created"`
+	OwnedBy string    `json:"owned_by"`
+	Napd    modelNapd `json:"napd"`
+}
+
+type modelNapd struct {
+	State   string   `json:"state"`
+	Reason  string   `json:"reason,omitempty"`
+	Aliases []string `json:"aliases"`
+}
+
+func (g *Gateway) entry(m ModelInfo) modelEntry {
+	aliases := m.Aliases
+	if aliases == nil {
+		aliases = []string{}
+	}
+	return modelEntry{
+		ID: m.Name, Object: "model", Created: g.created, OwnedBy: "napd",
+		Napd: modelNapd{State: m.State, Reason: m.Reason, Aliases: aliases},
+	}
+}
+
+// errorBody is OpenAI's error shape.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Code    string  `json:"code"`
+	Param   *string `json:"param"`
+}
+
+// fail writes an OpenAI-shaped error.
+func (c *call) fail(status int, code, msg string) {
+	typ := "invalid_request_error"
+	if status >= 500 {
+		typ = "server_error"
+	}
+	c.writeValue(status, errorBody{Error: errorDetail{Message: msg, Type: typ, Code: code}})
+}
+
+func (c *call) writeValue(status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only plain structs of strings and numbers reach here.
+		panic(fmt.Sprintf("gateway: encode reply: %v", err))
+	}
+	c.writeJSON(status, b)
+}
+
+func (c *call) writeJSON(status int, b []byte) {
+	c.setModelHeaders(c.w.Header())
+	h := c.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	c.w.WriteHeader(status)
+	_, _ = c.w.Write(b)
+}
+
+// setModelHeaders adds X-Queue-Depth (unless the engine set it) and
+// X-Napd-Wake-Ms to the headers of a reply for a known model.
+func (c *call) setModelHeaders(h http.Header) {
+	if c.model == "" {
+		return
+	}
+	if h.Get(HeaderQueueDepth) == "" {
+		h.Set(HeaderQueueDepth, strconv.Itoa(c.g.models.QueueDepth(c.model)))
+	}
+	if c.wake > 0 {
+		h.Set(HeaderWakeMs, strconv.FormatInt(c.wake.Milliseconds(), 10))
+	}
+}

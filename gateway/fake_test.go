@@ -1,0 +1,286 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeModels is a Models for tests: two models ("m1" with alias "a1", and
+// "m2"), an Admit that can be replaced, and a record of every admission
+// and every Done.
+type fakeModels struct {
+	t         testing.TB
+	target    *url.URL
+	transport http.RoundTripper
+
+	mu         sync.Mutex
+	admissions []Admission
+	depth      int
+	wake       time.Duration
+	// admit, when set, replaces the default (a ticket to target).
+	admit func(ctx context.Context, a Admission) (*Ticket, error)
+
+	done chan Outcome
+}
+
+func newFakeModels(t testing.TB, target string) *fakeModels {
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fakeModels{t: t, target: u, done: make(chan Outcome, 100), depth: 3}
+}
+
+func (f *fakeModels) Resolve(name string) (string, bool) {
+	switch name {
+	case "m1", "a1":
+		return "m1", true
+	case "m2":
+		return "m2", true
+	}
+	return "", false
+}
+
+func (f *fakeModels) List() []ModelInfo {
+	return []ModelInfo{
+		{Name: "m1", Aliases: []string{"a1"}, State: "awake"},
+		{Name: "m2", State: "failed", Reason: "exit status 1 after 3 attempts"},
+	}
+}
+
+func (f *fakeModels) QueueDepth(string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.depth
+}
+
+func (f *fakeModels) Admit(ctx context.Context, a Admission) (*Ticket, error) {
+	f.mu.Lock()
+	f.admissions = append(f.admissions, a)
+	admit, wake := f.admit, f.wake
+	f.mu.Unlock()
+	if admit != nil {
+		return admit(ctx, a)
+	}
+	return f.ticket(wake), nil
+}
+
+// ticket is a ticket to target whose Done fails the test when called twice.
+func (f *fakeModels) ticket(wake time.Duration) *Ticket {
+	calls := 0
+	var mu sync.Mutex
+	return &Ticket{
+		Target: f.target, Transport: f.transport, WakeWait: wake,
+		Done: func(o Outcome) {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			if n > 1 {
+				f.t.Errorf("Done called %d times", n)
+				return
+			}
+			f.done <- o
+		},
+	}
+}
+
+func (f *fakeModels) admitted() []Admission {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Admission(nil), f.admissions...)
+}
+
+// outcome waits for the next Done.
+func (f *fakeModels) outcome() Outcome {
+	f.t.Helper()
+	select {
+	case o := <-f.done:
+		return o
+	case <-time.After(5 * time.Second):
+		f.t.Fatal("Done was not called")
+		return Outcome{}
+	}
+}
+
+// noMoreDone asserts that no further Done arrives.
+func (f *fakeModels) noMoreDone() {
+	f.t.Helper()
+	select {
+	case o := <-f.done:
+		f.t.Fatalf("unexpected Done(%+v)", o)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+// syncBuffer collects log output from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// observation is one call of Options.Observe.
+type observation struct {
+	model  string
+	status int
+}
+
+// env is an engine, a gateway in front of it, and a client.
+type env struct {
+	t      *testing.T
+	engine *httptest.Server
+	models *fakeModels
+	gw     *Gateway
+	srv    *httptest.Server
+	client *http.Client
+	logs   *syncBuffer
+
+	obsMu sync.Mutex
+	obs   []observation
+}
+
+func newEnv(t *testing.T, engine http.HandlerFunc, opts Options) *env {
+	t.Helper()
+	e := &env{t: t, logs: &syncBuffer{}}
+	e.engine = httptest.NewServer(engine)
+	t.Cleanup(e.engine.Close)
+	e.models = newFakeModels(t, e.engine.URL)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	opts.Observe = func(model string, status int, _ time.Duration) {
+		e.obsMu.Lock()
+		e.obs = append(e.obs, observation{model, status})
+		e.obsMu.Unlock()
+	}
+	if opts.RequestTimeout == 0 {
+		opts.RequestTimeout = 10 * time.Second
+	}
+	e.gw = New(opts, e.models)
+	e.srv = httptest.NewServer(e.gw.Handler())
+	t.Cleanup(e.srv.Close)
+	e.client = &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(e.client.CloseIdleConnections)
+	return e
+}
+
+func (e *env) observations() []observation {
+	e.obsMu.Lock()
+	defer e.obsMu.Unlock()
+	return append([]observation(nil), e.obs...)
+}
+
+// do sends a request to the gateway and reads the whole reply.
+func (e *env) do(method, path, body string, header map[string]string) (*http.Response, []byte) {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatalf("%s %s: read: %v", method, path, err)
+	}
+	return resp, b
+}
+
+// wantError asserts an OpenAI-shaped error with status and code.
+func wantError(t *testing.T, resp *http.Response, body []byte, status int, code string) {
+	t.Helper()
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d; body %s", resp.StatusCode, status, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	var shape map[string]map[string]any
+	if err := json.Unmarshal(body, &shape); err != nil {
+		t.Fatalf("error body %s: %v", body, err)
+	}
+	e, ok := shape["error"]
+	if !ok {
+		t.Fatalf("no \"error\" in %s", body)
+	}
+	if e["code"] != code {
+		t.Errorf("code %v, want %q", e["code"], code)
+	}
+	if m, _ := e["message"].(string); m == "" {
+		t.Errorf("empty message in %s", body)
+	}
+	wantType := "invalid_request_error"
+	if status >= 500 {
+		wantType = "server_error"
+	}
+	if e["type"] != wantType {
+		t.Errorf("type %v, want %q", e["type"], wantType)
+	}
+	if p, ok := e["param"]; !ok || p != nil {
+		t.Errorf("param %v (present %v), want null", p, ok)
+	}
+}
+
+// okEngine answers {"ok":true} and records what it saw.
+type okEngine struct {
+	mu   sync.Mutex
+	reqs []seen
+}
+
+type seen struct {
+	method, path, query string
+	header              http.Header
+	body                []byte
+}
+
+func (o *okEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	o.mu.Lock()
+	o.reqs = append(o.reqs, seen{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Clone(), b})
+	o.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Engine", "yes")
+	_, _ = w.Write([]byte(`{"ok":true}`))
+}
+
+func (o *okEngine) seen() []seen {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]seen(nil), o.reqs...)
+}
+
+// newServer serves h on loopback for the test and returns its URL.
+func newServer(t *testing.T, h http.Handler) string {
+	t.Helper()
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s.URL
+}

@@ -1,0 +1,160 @@
+// Package gateway is napd's OpenAI-compatible HTTP front door. It routes each
+// request to a model by the JSON `model` field (or by path, or by a model's
+// dedicated socket), asks the model layer (Models) for a slot, which may wake
+// the model, and proxies the request to the engine within one deadline.
+//
+// The gateway decides nothing about sleep or wake: it reads the request,
+// applies the deadline and the body limit, and maps what Models and the
+// engine answer onto HTTP status codes (see docs/gateway.md).
+package gateway
+
+import (
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"time"
+)
+
+// Options configure a Gateway. The zero value of each field is usable.
+type Options struct {
+	// MaxBody is the largest request body accepted (bytes); larger bodies
+	// get 413 before any engine sees them. 0 means no limit.
+	MaxBody int64
+	// RequestTimeout is the whole budget of one request: upload, queue,
+	// wake and inference. X-Request-Timeout may shorten it. 0 means none.
+	RequestTimeout time.Duration
+	// APIKeys, when non-nil, makes `Authorization: Bearer <key>` required on
+	// everything but /health.
+	APIKeys *APIKeys
+	// Logger receives one line per request; nil means slog.Default().
+	Logger *slog.Logger
+	// Observe, when non-nil, is called once per request after its last byte
+	// with the model ("" when none was resolved), the status sent (499 when
+	// the client left or the request was aborted before any status) and the
+	// duration. It feeds metrics; it must not block.
+	Observe func(model string, status int, d time.Duration)
+	// Now reads the clock for durations; nil means time.Now.
+	Now func() time.Time
+}
+
+// StatusClientClosed is the status reported to the log and to
+// Options.Observe for a request whose client left (or that was aborted)
+// before any status was sent. It is never written to a client.
+const StatusClientClosed = 499
+
+// Gateway serves the OpenAI-compatible API on top of a Models.
+type Gateway struct {
+	opts    Options
+	models  Models
+	log     *slog.Logger
+	now     func() time.Time
+	created int64 // unix seconds, the "created" of every /v1/models entry
+	proxy   *httputil.ReverseProxy
+}
+
+// New builds a Gateway that asks models for every admission.
+func New(opts Options, models Models) *Gateway {
+	g := &Gateway{opts: opts, models: models, log: opts.Logger, now: opts.Now}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	g.created = g.now().Unix()
+	g.proxy = g.newProxy()
+	return g
+}
+
+// Handler serves the shared gateway socket: /health, /v1/models, the
+// OpenAI POST routes (by the body's model) and /upstream/<model>/<path>.
+func (g *Gateway) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.serve(w, r, "")
+	})
+}
+
+// ModelHandler serves a model's dedicated socket: every request except
+// GET /health (napd's own) goes to model, whatever its path or body says.
+func (g *Gateway) ModelHandler(model string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.serve(w, r, model)
+	})
+}
+
+// serve runs one request: authentication, routing, and the single log line.
+// dedicated is the model of a dedicated socket, "" on the shared one.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string) {
+	c := &call{g: g, w: &recorder{ResponseWriter: w}, start: g.now(), model: dedicated}
+	// Deferred without recover: an http.ErrAbortHandler panic (a cut
+	// stream, a client gone) must reach net/http, and still be logged.
+	defer c.finish(r)
+
+	if r.URL.Path == "/health" && r.Method == http.MethodGet {
+		c.writeJSON(http.StatusOK, healthBody)
+		return
+	}
+	if g.opts.APIKeys != nil {
+		name, ok := g.opts.APIKeys.check(r.Header.Get("Authorization"))
+		if !ok {
+			c.w.Header().Set("WWW-Authenticate", `Bearer realm="napd"`)
+			c.fail(http.StatusUnauthorized, "invalid_api_key", "missing or invalid API key")
+			return
+		}
+		c.client = name
+	}
+	if dedicated != "" {
+		c.forward(r, r.URL.Path, r.URL.RawPath, false)
+		return
+	}
+	path := r.URL.Path
+	switch {
+	case path == "/v1/models":
+		c.listModels(r)
+	case strings.HasPrefix(path, "/v1/models/"):
+		c.getModel(r, strings.TrimPrefix(path, "/v1/models/"))
+	case strings.HasPrefix(path, "/upstream/"):
+		c.upstream(r)
+	case strings.HasPrefix(path, "/v1/"):
+		if r.Method != http.MethodPost {
+			c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+path)
+			return
+		}
+		c.forward(r, r.URL.Path, r.URL.RawPath, true)
+	default:
+		c.fail(http.StatusNotFound, "not_found", "no route for "+path)
+	}
+}
+
+var healthBody = []byte(`{"status":"ok"}`)
+
+// finish logs the request and reports it to Observe, once, whether the
+// handler returned or is unwinding from an abort.
+func (c *call) finish(r *http.Request) {
+	status := c.w.status
+	if status == 0 {
+		status = StatusClientClosed
+	}
+	d := c.g.now().Sub(c.start)
+	if c.g.opts.Observe != nil {
+		c.g.opts.Observe(c.model, status, d)
+	}
+	level := slog.LevelDebug
+	if status >= 400 || c.cancelled {
+		level = slog.LevelInfo
+	}
+	// Never the body, the query string or a credential: path and labels only.
+	c.g.log.LogAttrs(r.Context(), level, "request",
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.String("model", c.model),
+		slog.Int("status", status),
+		slog.Duration("duration", d),
+		slog.Int64("wake_ms", c.wake.Milliseconds()),
+		slog.String("client", c.client),
+		slog.Bool("stream", c.stream),
+		slog.Bool("cancelled", c.cancelled),
+		slog.Bool("replayed", c.replayed),
+	)
+}

@@ -1,0 +1,162 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+)
+
+// maxStored bounds a response captured for idempotent replays; a larger
+// one is not remembered (its retry runs again).
+const maxStored = 1 << 20
+
+// newProxy builds the one ReverseProxy every request goes through; the
+// per-request target and transport come from the call in the context.
+func (g *Gateway) newProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			c := callOf(pr.In.Context())
+			pr.Out.URL.Path, pr.Out.URL.RawPath = c.path, c.rawPath
+			pr.SetURL(c.ticket.Target)
+			pr.SetXForwarded()
+			if g.opts.APIKeys != nil {
+				// napd's key is for napd, never for the engine.
+				pr.Out.Header.Del("Authorization")
+			}
+		},
+		Transport:     ticketTransport{},
+		FlushInterval: -1, // flush after every write: SSE chunks leave at once
+		BufferPool:    bufferPool{},
+		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		ModifyResponse: func(resp *http.Response) error {
+			c := callOf(resp.Request.Context())
+			c.setModelHeaders(resp.Header)
+			if resp.StatusCode != http.StatusSwitchingProtocols {
+				resp.Body = &watchedBody{ReadCloser: resp.Body, c: c}
+			}
+			return nil
+		},
+		ErrorHandler: func(_ http.ResponseWriter, r *http.Request, err error) {
+			c := callOf(r.Context())
+			c.proxyErr = err
+			switch {
+			case errors.Is(r.Context().Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+				c.fail(http.StatusGatewayTimeout, "timeout", "the engine of model "+c.model+" did not answer within the request deadline")
+			case r.Context().Err() != nil:
+				// The client left (or the server is stopping): not an error.
+				c.gone = true
+			default:
+				g.log.Warn("engine connection failed", slog.String("model", c.model), slog.Any("error", err))
+				c.fail(http.StatusBadGateway, "engine_unreachable", "cannot reach the engine of model "+c.model)
+			}
+		},
+	}
+}
+
+// ticketTransport sends each request with its ticket's transport.
+type ticketTransport struct{}
+
+func (ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	rt := callOf(req.Context()).ticket.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	return rt.RoundTrip(req)
+}
+
+// watchedBody remembers a failed read of the engine's response, so a body
+// cut by the engine or the deadline is never reported as complete.
+type watchedBody struct {
+	io.ReadCloser
+	c *call
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.c.bodyErr == nil {
+		b.c.bodyErr = err
+	}
+	return n, err
+}
+
+// bufferPool reuses the proxy's copy buffers: thousands of open streams
+// would otherwise each hold a fresh 32 KiB.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }
+
+// recorder wraps the client's ResponseWriter: it remembers the status and
+// the first write error and, for idempotent requests, captures the
+// response up to maxStored.
+type recorder struct {
+	http.ResponseWriter
+	status   int
+	err      error
+	capture  bool
+	header   http.Header
+	body     []byte
+	overflow bool
+}
+
+// Unwrap lets http.ResponseController reach Flush and SetReadDeadline.
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *recorder) WriteHeader(code int) {
+	// 1xx responses other than 101 are interim; the final status follows.
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+		if w.capture {
+			w.header = storedHeader(w.Header())
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	n, err := w.ResponseWriter.Write(p)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	if w.capture && !w.overflow {
+		if len(w.body)+n > maxStored {
+			w.overflow, w.body = true, nil
+		} else {
+			w.body = append(w.body, p[:n]...)
+		}
+	}
+	return n, err
+}
+
+// stored is the captured response, or nil when it was too large.
+func (w *recorder) stored() *StoredResponse {
+	if w.overflow {
+		return nil
+	}
+	return &StoredResponse{Status: w.status, Header: w.header, Body: w.body}
+}
+
+// perReply are headers that describe one reply, not the response itself:
+// a replay sets its own.
+var perReply = []string{
+	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+	HeaderQueueDepth, HeaderWakeMs, HeaderReplayed,
+}
+
+func storedHeader(h http.Header) http.Header {
+	s := h.Clone()
+	for _, k := range perReply {
+		s.Del(k)
+	}
+	return s
+}
