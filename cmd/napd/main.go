@@ -4,12 +4,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
+	"github.com/napd/napd/agent"
 	"github.com/napd/napd/agent/config"
 )
 
@@ -77,5 +81,9 @@ func run(o options, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s: ok (%d models)\n", o.configPath, len(cfg.Models))
 		return nil
 	}
-	return errors.New("serving is not wired into this build yet; use --check or --version")
+	// SIGTERM/SIGINT end the daemon gracefully; SIGHUP (reload) is the
+	// agent's own.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr})
 }

@@ -1,0 +1,490 @@
+// Package agent is napd's daemon: it loads the config, picks the supervisor
+// backend, reconciles the engines it finds, runs one owner loop per model
+// around the lifecycle machine, serves the gateway, the control socket and
+// the metrics, plans sleeps under idleness and memory pressure, reloads on
+// SIGHUP and shuts down on SIGTERM without dropping accepted requests.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/probes/enginemetrics"
+	"github.com/napd/napd/probes/footprint"
+	"github.com/napd/napd/probes/gpu"
+	"github.com/napd/napd/probes/host"
+	"github.com/napd/napd/supervisor"
+	"github.com/napd/napd/supervisor/process"
+	"github.com/napd/napd/supervisor/systemd"
+)
+
+// Options configure a run of the daemon.
+type Options struct {
+	ConfigPath string
+	Version    string
+	Stderr     io.Writer
+	// ShutdownGrace is how long in-flight requests may take to finish after
+	// SIGTERM (default 30s).
+	ShutdownGrace time.Duration
+}
+
+// tickEvery is how often each model's deadlines are checked; planEvery how
+// often the planner measures and decides.
+const (
+	tickEvery = time.Second
+	planEvery = 2 * time.Second
+)
+
+// Agent is a running napd.
+type Agent struct {
+	opts    Options
+	log     *slog.Logger
+	level   *slog.LevelVar
+	ctx     context.Context // cancelled when napd stops
+	clock   func() time.Time
+	started time.Time
+
+	cfg     atomic.Pointer[config.Config]
+	reg     atomic.Pointer[registry]
+	regMu   sync.Mutex // serialises reloads (writers of reg)
+	handler atomic.Pointer[http.Handler]
+	gw      atomic.Pointer[gateway.Gateway]
+
+	tracker    *lease.Tracker
+	backend    supervisor.Backend
+	sup        *supervisor.Supervisor
+	gpu        gpu.Probe
+	host       host.Probe
+	scraper    enginemetrics.Scraper
+	footprints *footprint.Store
+	metrics    *metrics.Metrics
+	hub        *hub
+	notify     notifier
+	measured   atomic.Pointer[measurement]
+	statusKick chan struct{}
+	loops      sync.WaitGroup // model owner loops
+	helpers    sync.WaitGroup // ticker, status, engine events
+}
+
+// Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It
+// returns an error when the daemon cannot start.
+func Run(ctx context.Context, opts Options) error {
+	if opts.Stderr == nil {
+		opts.Stderr = os.Stderr
+	}
+	if opts.ShutdownGrace <= 0 {
+		opts.ShutdownGrace = 30 * time.Second
+	}
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return err
+	}
+	lvl, err := logging.ParseLevel(cfg.Agent.LogLevel)
+	if err != nil {
+		return err
+	}
+	log, lv := logging.New(opts.Stderr, lvl)
+	slog.SetDefault(log)
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := &Agent{
+		opts: opts, log: log, level: lv, ctx: runCtx, clock: time.Now, started: time.Now(),
+		tracker:    lease.NewTracker(lease.Options{}),
+		hub:        newHub(),
+		notify:     notifier{log: log},
+		statusKick: make(chan struct{}, 1),
+	}
+	a.cfg.Store(cfg)
+	a.metrics = metrics.New(a.metricsSnapshot)
+	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models))
+
+	if err := os.MkdirAll(cfg.Agent.StateDir, 0o755); err != nil {
+		return fmt.Errorf("state_dir: %w", err)
+	}
+	if a.footprints, err = footprint.Open(cfg.Agent.StateDir); err != nil {
+		return err
+	}
+	if a.backend, err = a.openBackend(runCtx, cfg); err != nil {
+		return err
+	}
+	a.sup = supervisor.New(a.backend, supervisor.Options{Logger: log})
+	var closeGPU func() error
+	a.gpu, closeGPU = gpu.Open(runCtx, log)
+	defer closeGPU()
+	a.host = &host.Reader{}
+	a.scraper = enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}
+
+	reg, err := a.buildRegistry(cfg, nil)
+	if err != nil {
+		return err
+	}
+	a.reg.Store(reg)
+	a.reconcile(runCtx, reg.list)
+
+	if cfg.Agent.EventsAddress != "" {
+		if err := a.startEventPublisher(runCtx, cfg.Agent.EventsAddress); err != nil {
+			return err
+		}
+	}
+	srv, err := a.serve(cfg)
+	if err != nil {
+		return err
+	}
+	a.helpers.Add(3)
+	go a.pumpEngineEvents()
+	go a.ticker(runCtx)
+	go a.statusLoop(runCtx)
+	go a.notify.watchdog(runCtx, func() error { return nil })
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	a.notify.ready()
+	a.kickStatus()
+	log.Info("napd ready", "supervisor", a.backend.Name())
+	for {
+		select {
+		case <-hup:
+			if err := a.Reload(); err != nil {
+				log.Error("reload refused; the running config stays", "err", err)
+			}
+		case <-ctx.Done():
+			a.notify.stopping()
+			log.Info("napd stopping", "grace", opts.ShutdownGrace)
+			srv.shutdown(opts.ShutdownGrace)
+			cancel()
+			a.stopModels()
+			a.closeSupervisor()
+			a.helpers.Wait()
+			log.Info("napd stopped")
+			return nil
+		}
+	}
+}
+
+// openBackend picks the supervisor backend per agent.supervisor.
+func (a *Agent) openBackend(ctx context.Context, cfg *config.Config) (supervisor.Backend, error) {
+	choice := cfg.Agent.Supervisor
+	if choice == config.SupervisorAuto {
+		ok, why := systemd.Probe(ctx)
+		if ok {
+			choice = config.SupervisorSystemd
+		} else {
+			choice = config.SupervisorExec
+		}
+		a.log.Info("supervisor chosen", "supervisor", choice, "why", why)
+	}
+	if choice == config.SupervisorSystemd {
+		b, err := systemd.New(ctx, systemd.Options{Logger: a.log})
+		if err != nil {
+			return nil, fmt.Errorf("systemd supervisor: %w", err)
+		}
+		return b, nil
+	}
+	b, err := process.New(process.Options{StateDir: cfg.Agent.StateDir, Logger: a.log})
+	if err != nil {
+		return nil, fmt.Errorf("exec supervisor: %w", err)
+	}
+	return b, nil
+}
+
+// closeSupervisor closes the backend: exec engines are stopped (no orphans);
+// systemd units keep running and are adopted on the next start.
+func (a *Agent) closeSupervisor() {
+	if err := a.sup.Close(); err != nil {
+		a.log.Warn("closing supervisor", "err", err)
+	}
+}
+
+// stopModels ends every model loop.
+func (a *Agent) stopModels() {
+	for _, m := range a.reg.Load().list {
+		m.shutdown()
+	}
+	a.loops.Wait()
+	for _, m := range a.reg.Load().list {
+		closeTransport(m.tr)
+	}
+}
+
+// reconcile asks the supervisor what each engine is doing and tells the
+// models; on systemd, units of models no longer configured are stopped.
+func (a *Agent) reconcile(ctx context.Context, models []*model) {
+	var wg sync.WaitGroup
+	for _, m := range models {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.observe(ctx)
+		}()
+	}
+	wg.Wait()
+	if sd, ok := a.backend.(*systemd.Backend); ok {
+		keep := make([]string, 0, len(models))
+		for _, m := range models {
+			keep = append(keep, m.name)
+		}
+		stopped, err := sd.StopUnknown(ctx, keep)
+		if err != nil {
+			a.log.Warn("stopping engine units of removed models", "err", err)
+		}
+		for _, name := range stopped {
+			a.log.Info("stopped engine unit of a model no longer configured", "model", name)
+		}
+	}
+}
+
+// servers holds what serve started.
+type servers struct {
+	gateway []*http.Server
+	control *http.Server
+	// endControl cancels the control requests' context: event followers
+	// (napctl events -f) never end on their own, and Shutdown would wait
+	// the whole grace period for them.
+	endControl context.CancelFunc
+	metrics    *http.Server
+	inherits   bool
+}
+
+// serve opens the listeners and starts the HTTP servers. Every request's
+// context is the agent's, so a shutdown reaches them all.
+func (a *Agent) serve(cfg *config.Config) (*servers, error) {
+	modelListen := make(map[string]string)
+	for _, m := range cfg.Models {
+		if m.Listen != "" {
+			modelListen[m.Name] = m.Listen
+		}
+	}
+	gls, mls, activated, err := gateway.Listeners(cfg.Gateway.Listen, modelListen)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.setGateway(cfg); err != nil {
+		return nil, err
+	}
+	s := &servers{inherits: activated}
+	newServer := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: 30 * time.Second,
+			BaseContext:       func(net.Listener) context.Context { return a.ctx },
+			ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+		}
+	}
+	gwHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		(*a.handler.Load()).ServeHTTP(w, r)
+	})
+	for _, l := range gls {
+		srv := newServer(gwHandler)
+		s.gateway = append(s.gateway, srv)
+		go a.serveOn(srv, l, "gateway")
+	}
+	for name, l := range mls {
+		model := name
+		srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			a.modelHandler(model).ServeHTTP(w, r)
+		}))
+		s.gateway = append(s.gateway, srv)
+		go a.serveOn(srv, l, "model "+name)
+	}
+	cl, err := control.Listen(cfg.Agent.ControlSocket)
+	if err != nil {
+		return nil, err
+	}
+	s.control = newServer(control.Handler(a, a.log))
+	ctrlCtx, endControl := context.WithCancel(a.ctx)
+	s.control.BaseContext = func(net.Listener) context.Context { return ctrlCtx }
+	s.endControl = endControl
+	go a.serveOn(s.control, cl, "control")
+	if cfg.Agent.MetricsListen != "" {
+		ml, err := net.Listen("tcp", cfg.Agent.MetricsListen)
+		if err != nil {
+			return nil, fmt.Errorf("metrics_listen %s: %w", cfg.Agent.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", a.metrics.Handler())
+		s.metrics = newServer(mux)
+		go a.serveOn(s.metrics, ml, "metrics")
+	}
+	a.log.Info("listening", "gateway", addrs(gls), "socket_activated", activated,
+		"control", cfg.Agent.ControlSocket, "metrics", cfg.Agent.MetricsListen)
+	return s, nil
+}
+
+func addrs(ls []net.Listener) []string {
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.Addr().String()
+	}
+	return out
+}
+
+func (a *Agent) serveOn(srv *http.Server, l net.Listener, what string) {
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		a.log.Error("server stopped", "listener", what, "err", err)
+	}
+}
+
+// shutdown stops accepting and lets in-flight requests finish within
+// grace; what is still open then (long streams) is closed. Inherited
+// sockets stay with systemd, which queues new connections for the next
+// napd.
+func (s *servers) shutdown(grace time.Duration) {
+	s.endControl()
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	var wg sync.WaitGroup
+	all := append([]*http.Server{s.control}, s.gateway...)
+	if s.metrics != nil {
+		all = append(all, s.metrics)
+	}
+	for _, srv := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Shutdown(ctx); err != nil {
+				srv.Close()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// setGateway builds the gateway for cfg and swaps it in; requests already
+// running keep the one they started with.
+func (a *Agent) setGateway(cfg *config.Config) error {
+	var keys *gateway.APIKeys
+	if cfg.Gateway.APIKeysFile != "" {
+		var err error
+		if keys, err = gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile); err != nil {
+			return err
+		}
+	}
+	gw := gateway.New(gateway.Options{
+		MaxBody:        cfg.Gateway.MaxBody,
+		RequestTimeout: cfg.Gateway.RequestTimeout,
+		APIKeys:        keys,
+		Logger:         a.log,
+		Observe: func(model string, status int, _ time.Duration) {
+			if model != "" {
+				a.metrics.Request(model, status)
+			}
+		},
+	}, (*gatewayModels)(a))
+	h := gw.Handler()
+	a.handler.Store(&h)
+	a.gw.Store(gw)
+	return nil
+}
+
+// modelHandler is the handler of a model's dedicated socket.
+func (a *Agent) modelHandler(model string) http.Handler {
+	return a.gw.Load().ModelHandler(model)
+}
+
+// ticker drives deadlines and the planner.
+func (a *Agent) ticker(ctx context.Context) {
+	defer a.helpers.Done()
+	tick := time.NewTicker(tickEvery)
+	defer tick.Stop()
+	lastPlan := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			for _, m := range a.reg.Load().list {
+				m.do(m.tick)
+			}
+			if now.Sub(lastPlan) >= planEvery {
+				lastPlan = now
+				a.plan(ctx)
+			}
+		}
+	}
+}
+
+// pumpEngineEvents turns engine exits napd did not ask for into lifecycle
+// events of their models.
+func (a *Agent) pumpEngineEvents() {
+	defer a.helpers.Done()
+	for ev := range a.sup.Events() {
+		m := a.reg.Load().byName[ev.Model]
+		if m == nil {
+			continue
+		}
+		if ev.State == supervisor.ProcFailed || ev.State == supervisor.ProcStopped {
+			reason, at := ev.Reason, ev.Time
+			m.do(func() { m.engineExited(reason, at) })
+		}
+	}
+}
+
+// kickStatus asks the status loop to refresh the STATUS= line.
+func (a *Agent) kickStatus() {
+	select {
+	case a.statusKick <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) statusChanged() { a.kickStatus() }
+
+// statusLoop keeps systemd's STATUS= line current, at most a few times a
+// second.
+func (a *Agent) statusLoop(ctx context.Context) {
+	defer a.helpers.Done()
+	last := ""
+	refresh := time.NewTicker(5 * time.Second)
+	defer refresh.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.statusKick:
+		case <-refresh.C:
+		}
+		line := a.statusLine()
+		if line != last {
+			a.notify.status(line)
+			last = line
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (a *Agent) statusLine() string {
+	states := make(map[string]int)
+	reg := a.reg.Load()
+	for _, m := range reg.list {
+		states[m.snap.Load().lc.State.String()]++
+	}
+	return statusLine(states, len(reg.list), a.tracker.Stats().Live)
+}
+
+func (a *Agent) publishEvent(e control.Event) {
+	a.hub.publish(e)
+}

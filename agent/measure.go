@@ -1,0 +1,296 @@
+package agent
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/agent/planner"
+	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/probes/enginemetrics"
+	"github.com/napd/napd/probes/gpu"
+	"github.com/napd/napd/probes/host"
+	"github.com/napd/napd/supervisor"
+)
+
+// measurement is one round of probes: host, GPUs, and per model its
+// engine's evidence, processes and memory. Published for status and
+// metrics; the planner gets a fresh one each round.
+type measurement struct {
+	at      time.Time
+	host    host.Snapshot
+	haveMem bool
+	gpus    gpu.Snapshot
+	models  map[string]modelMeasure
+}
+
+type modelMeasure struct {
+	engine   enginemetrics.Evidence
+	proc     supervisor.Status
+	gpuBytes map[int]int64
+}
+
+// measure runs the probes. Engine metrics are scraped only from engines
+// that serve: asking a sleeping vLLM anything but its control endpoints is
+// not safe.
+func (a *Agent) measure(ctx context.Context) *measurement {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	ms := &measurement{at: a.clock(), models: make(map[string]modelMeasure)}
+	if h, err := a.host.Snapshot(ctx); err == nil {
+		ms.host, ms.haveMem = h, true
+	} else {
+		a.log.Debug("host probe", "err", err)
+	}
+	if g, err := a.gpu.Snapshot(ctx); err == nil {
+		ms.gpus = g
+	} else {
+		a.log.Warn("gpu probe", "err", err)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	pids := make(map[string][]int)
+	for _, m := range a.reg.Load().list {
+		s := m.snap.Load()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mm modelMeasure
+			if st, err := a.backend.Status(ctx, s.spec); err == nil {
+				mm.proc = st
+			}
+			switch {
+			case !s.lc.State.Serving():
+			case s.cfg.Transport == config.TransportZMQ:
+				mm.engine = zmqEvidence
+			default:
+				mm.engine, _ = a.scraper.Scrape(ctx, s.spec.BaseURL())
+			}
+			mu.Lock()
+			ms.models[m.name] = mm
+			pids[m.name] = mm.proc.PIDs
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for name, per := range gpu.ModelUsage(pids, ms.gpus.Processes) {
+		mm := ms.models[name]
+		mm.gpuBytes = per
+		ms.models[name] = mm
+	}
+	a.measured.Store(ms)
+	return ms
+}
+
+// plannerInput turns a measurement and the models' snapshots into the
+// planner's input.
+func (a *Agent) plannerInput(ms *measurement) planner.Input {
+	cfg := a.cfg.Load()
+	in := planner.Input{Now: ms.at, Pressure: cfg.Pressure}
+	if ms.haveMem {
+		in.Host = planner.Host{MemAvailable: ms.host.MemAvailable, HaveMem: true,
+			PSISomeAvg10: ms.host.PSI.Some.Avg10, HavePSI: ms.host.HavePSI}
+	}
+	for _, d := range ms.gpus.Devices {
+		if d.HaveMemory {
+			in.GPUs = append(in.GPUs, planner.GPU{Index: d.Index, Total: d.Total, Free: d.Free})
+		}
+	}
+	for _, m := range a.reg.Load().list {
+		s := m.snap.Load()
+		mm := ms.models[m.name]
+		ev, _ := a.tracker.Evidence(m.name)
+		idleSince := ev.Since
+		if awakeAt := s.lc.Since; s.lc.State.Serving() && awakeAt.After(idleSince) {
+			idleSince = awakeAt // a wake counts as use: no flapping
+		}
+		pm := planner.Model{
+			Name: m.name, State: s.lc.State.String(), Pinned: s.cfg.Pinned, Sleep: s.cfg.Sleep,
+			GPUs: s.cfg.GPUs, Footprint: a.footprint(s.cfg), IdleTimeout: s.cfg.IdleTimeout,
+			IdleMinimum:    policyOf(s.cfg).IdleMinimum,
+			Leases:         planner.Leases{Active: ev.Active, IdleSince: idleSince},
+			Engine:         plannerEngine(mm.engine),
+			AllowUntracked: s.cfg.AllowUntrackedUnload,
+			LastUsed:       s.lastUsed,
+			GPUBytes:       mm.gpuBytes,
+		}
+		if s.lc.State == lifecycle.Unsupported {
+			pm.State = planner.StateAwake // serving; the machine re-checks the proof
+		}
+		if mm.proc.HaveMemory {
+			pm.HostBytes = mm.proc.MemoryBytes
+		}
+		in.Models = append(in.Models, pm)
+	}
+	return in
+}
+
+func plannerEngine(e enginemetrics.Evidence) planner.Engine {
+	switch {
+	case !e.Have():
+		return planner.EngineNone
+	case e.Idle():
+		return planner.EngineIdle
+	}
+	return planner.EngineBusy
+}
+
+func lifecycleEngine(e planner.Engine) lifecycle.EngineActivity {
+	switch e {
+	case planner.EngineIdle:
+		return lifecycle.EngineIdle
+	case planner.EngineBusy:
+		return lifecycle.EngineBusy
+	}
+	return lifecycle.EngineNoEvidence
+}
+
+// footprint is a model's expected GPU memory: configured, else learned.
+func (a *Agent) footprint(c *config.Model) int64 {
+	if c.GPUMemory > 0 {
+		return c.GPUMemory
+	}
+	b, _ := a.footprints.Get(c.Name)
+	return b
+}
+
+// plan is one planner round: measure, decide, log each decision once, and
+// ask the models concerned to sleep. Footprints of awake models are learned.
+func (a *Agent) plan(ctx context.Context) {
+	ms := a.measure(ctx)
+	in := a.plannerInput(ms)
+	a.learnFootprints(in)
+	res := planner.Plan(in)
+	a.act(in, res.Decisions)
+	for _, u := range res.Unrelieved {
+		a.log.Warn("memory pressure not relieved", "why", u)
+	}
+}
+
+// act asks each decided model to sleep; the lifecycle has the last word.
+func (a *Agent) act(in planner.Input, decisions []planner.Decision) {
+	engines := make(map[string]planner.Engine, len(in.Models))
+	for _, m := range in.Models {
+		engines[m.Name] = m.Engine
+	}
+	reg := a.reg.Load()
+	for _, d := range decisions {
+		m := reg.byName[d.Model]
+		if m == nil {
+			continue
+		}
+		reason := lifecycle.MemoryPressure
+		if d.Reason == planner.ReasonIdle {
+			reason = lifecycle.IdleTimeout
+		}
+		a.log.Info("planner decision", "model", d.Model, "decision", d)
+		a.metrics.Decisions.WithLabelValues(d.Model, string(d.Action), string(d.Reason)).Inc()
+		a.publishEvent(controlDecision(d))
+		req := lifecycle.SleepRequest{Reason: reason, Strategy: d.Strategy}
+		act := lifecycleEngine(engines[d.Model])
+		m.do(func() { m.requestSleep(req, act) })
+	}
+}
+
+// learnFootprints remembers what awake models hold on their GPUs, so the
+// next wake's fit check knows their size.
+func (a *Agent) learnFootprints(in planner.Input) {
+	for _, m := range in.Models {
+		if m.State != planner.StateAwake || len(m.GPUBytes) == 0 {
+			continue
+		}
+		var sum int64
+		for _, b := range m.GPUBytes {
+			sum += b
+		}
+		if old, ok := a.footprints.Get(m.Name); ok && old == sum {
+			continue
+		}
+		if err := a.footprints.Remember(m.Name, sum); err != nil {
+			a.log.Warn("remembering footprint", "model", m.Name, "err", err)
+		}
+	}
+}
+
+// makeRoom is fit-before-wake: it returns once the model fits in the free
+// memory of its GPUs, after putting idle models there to sleep and waiting
+// until the GPUs show the memory back; or a 503 Refusal naming what holds
+// the memory when it cannot fit; or ctx's error.
+func (a *Agent) makeRoom(ctx context.Context, name string) error {
+	asked := make(map[string]bool)
+	for {
+		ms := a.measure(ctx)
+		in := a.plannerInput(ms)
+		p := planner.PlanWake(in, name)
+		switch p.Outcome {
+		case planner.WakeFits:
+			return nil
+		case planner.WakeRefused:
+			a.log.Warn("wake refused: not enough GPU memory", "model", name, "why", p.Message)
+			return &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "insufficient_gpu_memory",
+				Message: p.Message, RetryAfter: 30 * time.Second}
+		}
+		var fresh []planner.Decision
+		for _, v := range p.Victims {
+			if !asked[v.Model] {
+				asked[v.Model] = true
+				fresh = append(fresh, v)
+			}
+		}
+		a.act(in, fresh)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// metricsSnapshot feeds the scrape-time gauges.
+func (a *Agent) metricsSnapshot() metrics.Snapshot {
+	ms := a.measured.Load()
+	snap := metrics.Snapshot{HostAvailable: -1}
+	for _, m := range a.reg.Load().list {
+		s := m.snap.Load()
+		ev, _ := a.tracker.Evidence(m.name)
+		mm := metrics.Model{Name: m.name, State: s.lc.State.String(), QueueDepth: s.queueDepth, Leases: ev.Active, EngineBytes: -1}
+		if ms != nil {
+			if me, ok := ms.models[m.name]; ok {
+				if me.proc.HaveMemory {
+					mm.EngineBytes = me.proc.MemoryBytes
+				}
+				mm.GPUBytes = gpuBytesByIndex(me.gpuBytes)
+			}
+		}
+		snap.Models = append(snap.Models, mm)
+	}
+	if ms != nil {
+		if ms.haveMem {
+			snap.HostAvailable = ms.host.MemAvailable
+			snap.HavePSI, snap.PSISomeAvg10 = ms.host.HavePSI, ms.host.PSI.Some.Avg10
+		}
+		for _, d := range ms.gpus.Devices {
+			if d.HaveMemory {
+				snap.GPUs = append(snap.GPUs, metrics.GPU{Index: strconv.Itoa(d.Index), Total: d.Total, Used: d.Used})
+			}
+		}
+	}
+	return snap
+}
+
+// gpuBytesByIndex renders per-GPU bytes with string keys for JSON.
+func gpuBytesByIndex(per map[int]int64) map[string]int64 {
+	if len(per) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(per))
+	for g, b := range per {
+		out[strconv.Itoa(g)] = b
+	}
+	return out
+}

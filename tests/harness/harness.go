@@ -1,0 +1,341 @@
+// Package harness runs the real napd binary for end-to-end tests: it builds
+// napd, napctl and napd-demo-engine once per test binary, writes a config,
+// starts napd as a process, waits until it serves, and stops it at the end
+// of the test.
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// Bin builds the three programs (once per test binary) and returns the
+// directory holding them.
+func Bin(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		var dir string
+		dir, buildErr = os.MkdirTemp("", "napd-e2e-bin-")
+		if buildErr != nil {
+			return
+		}
+		binDir = dir
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/napd", "./cmd/napctl", "./cmd/napd-demo-engine")
+		cmd.Dir = RepoRoot()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// RepoRoot is the module's root directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// FreePort returns a free TCP port on 127.0.0.1.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Napd is a running napd process.
+type Napd struct {
+	t       testing.TB
+	Dir     string // scratch dir: config, state, control socket
+	Config  string // config file path
+	Addr    string // gateway host:port
+	Metrics string // metrics host:port
+	Socket  string // control socket path
+	Cmd     *exec.Cmd
+	log     *syncBuffer
+	done    chan struct{}
+	waitErr error
+}
+
+// Options shape the generated config.
+type Options struct {
+	// Models is the TOML of the [models.*] tables (and anything else to
+	// append verbatim). "${BIN}" is replaced by the binaries' directory.
+	Models string
+	// Policy is the body of the [policy] table ("" = small test defaults).
+	Policy string
+	// Gateway is extra lines for the [gateway] table.
+	Gateway string
+	// Pressure is the body of the [pressure] table ("" = defaults).
+	Pressure string
+	// Env is extra environment for napd (e.g. PATH with a fake nvidia-smi).
+	Env []string
+	// LogLevel defaults to "debug".
+	LogLevel string
+}
+
+// DefaultPolicy keeps tests quick: short timeouts, everything unloadable.
+const DefaultPolicy = `idle_timeout = "1h"
+drain_timeout = "5s"
+wake_timeout = "20s"
+wake_attempts = 3
+allow_untracked_unload = false
+`
+
+// WriteConfig writes a napd config for opts under dir and returns its path
+// and the gateway, metrics and socket addresses.
+func WriteConfig(t testing.TB, dir string, o Options) (path, addr, metrics, socket string) {
+	t.Helper()
+	bin := Bin(t)
+	addr = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	metrics = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	socket = filepath.Join(dir, "control.sock")
+	policy := o.Policy
+	if policy == "" {
+		policy = DefaultPolicy
+	}
+	level := o.LogLevel
+	if level == "" {
+		level = "debug"
+	}
+	cfg := fmt.Sprintf(`[agent]
+supervisor = "exec"
+state_dir = %q
+control_socket = %q
+metrics_listen = %q
+log_level = %q
+
+[gateway]
+listen = [%q]
+%s
+
+[policy]
+%s
+
+[pressure]
+%s
+
+%s
+`, filepath.Join(dir, "state"), socket, metrics, level, addr, o.Gateway, policy, o.Pressure,
+		strings.ReplaceAll(o.Models, "${BIN}", bin))
+	path = filepath.Join(dir, "napd.toml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, addr, metrics, socket
+}
+
+// Start writes a config and starts napd on it, waiting until the gateway
+// answers /health. napd is stopped (SIGTERM, then SIGKILL) when the test
+// ends; its log is printed if the test failed.
+func Start(t testing.TB, o Options) *Napd {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "napd-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path, addr, metrics, socket := WriteConfig(t, dir, o)
+	n := &Napd{t: t, Dir: dir, Config: path, Addr: addr, Metrics: metrics, Socket: socket}
+	n.start(o.Env)
+	return n
+}
+
+func (n *Napd) start(env []string) {
+	t := n.t
+	n.log = &syncBuffer{}
+	n.done = make(chan struct{})
+	n.Cmd = exec.Command(filepath.Join(Bin(t), "napd"), "--config", n.Config)
+	n.Cmd.Env = append(append(os.Environ(), "PATH="+Bin(t)+":"+os.Getenv("PATH")), env...)
+	n.Cmd.Stdout = n.log
+	n.Cmd.Stderr = n.log
+	n.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := n.Cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		n.waitErr = n.Cmd.Wait()
+		close(n.done)
+	}()
+	t.Cleanup(func() {
+		n.Stop()
+		if t.Failed() {
+			t.Logf("napd log:\n%s", n.Log())
+		}
+	})
+	n.WaitReady(15 * time.Second)
+}
+
+// WaitReady waits until the gateway answers /health.
+func (n *Napd) WaitReady(within time.Duration) {
+	n.t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		select {
+		case <-n.done:
+			n.t.Fatalf("napd exited before it was ready: %v\n%s", n.waitErr, n.Log())
+		default:
+		}
+		resp, err := http.Get("http://" + n.Addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.t.Fatalf("napd not ready within %s\n%s", within, n.Log())
+}
+
+// Signal sends sig to napd.
+func (n *Napd) Signal(sig os.Signal) {
+	if err := n.Cmd.Process.Signal(sig); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// Wait waits for napd to exit and returns its exit error.
+func (n *Napd) Wait(within time.Duration) error {
+	n.t.Helper()
+	select {
+	case <-n.done:
+		return n.waitErr
+	case <-time.After(within):
+		n.t.Fatalf("napd did not exit within %s", within)
+		return nil
+	}
+}
+
+// Stop stops napd: SIGTERM, then SIGKILL after 20 s. It is idempotent.
+func (n *Napd) Stop() {
+	select {
+	case <-n.done:
+		return
+	default:
+	}
+	_ = n.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.done:
+	case <-time.After(20 * time.Second):
+		_ = n.Cmd.Process.Kill()
+		<-n.done
+	}
+}
+
+// Log is everything napd wrote so far.
+func (n *Napd) Log() string { return n.log.String() }
+
+// URL is the gateway URL of path.
+func (n *Napd) URL(path string) string { return "http://" + n.Addr + path }
+
+// Post sends a JSON body to the gateway and returns the response with its
+// body read.
+func (n *Napd) Post(ctx context.Context, path, body string, header ...string) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.URL(path), strings.NewReader(body))
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, b, err
+}
+
+// Napctl runs napctl against this napd and returns its combined output.
+func (n *Napd) Napctl(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(Bin(n.t), "napctl"), append([]string{"--socket", n.Socket, "--config", n.Config}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// WaitLog waits until napd's log contains substr.
+func (n *Napd) WaitLog(substr string, within time.Duration) {
+	n.t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if strings.Contains(n.Log(), substr) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.t.Fatalf("napd log has no %q within %s", substr, within)
+}
+
+// Chat is a small chat-completion body for model.
+func Chat(model string, stream bool, maxTokens int) string {
+	return fmt.Sprintf(`{"model":%q,"stream":%t,"max_tokens":%d,"messages":[{"role":"user","content":"hello"}]}`,
+		model, stream, maxTokens)
+}
+
+// DemoModel is a [models.NAME] table running the demo engine with the
+// given flags, plus extra TOML lines (sleep, idle_timeout, …).
+func DemoModel(name, extra string, flags ...string) string {
+	args := []string{`"${BIN}/napd-demo-engine"`, `"--host"`, `"127.0.0.1"`, `"--port"`, `"${PORT}"`, `"--model"`, fmt.Sprintf("%q", name)}
+	for _, f := range flags {
+		args = append(args, fmt.Sprintf("%q", f))
+	}
+	return fmt.Sprintf("[models.%s]\ncommand = [%s]\n%s\n", name, strings.Join(args, ", "), extra)
+}
+
+// Lines splits a log into lines.
+func Lines(s string) []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	return out
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
