@@ -105,10 +105,27 @@ func (s *Supervisor) target(spec Spec) target {
 // the wake ends it at once with an *ExitError; a health check that never
 // passes ends it at the deadline with a *HealthTimeoutError.
 func (s *Supervisor) Wake(ctx context.Context, spec Spec) error {
+	return s.WakeVerified(ctx, spec, nil)
+}
+
+// Verify decides when a started engine serves, in place of the HTTP health
+// poll: it returns nil once the engine is ready, or why it never will be,
+// within ctx.
+type Verify func(ctx context.Context) error
+
+// WakeVerified is Wake for an engine whose readiness napd learns another
+// way than its health path (a ZMQ worker answers a readiness question):
+// verify replaces the health poll; a nil verify is Wake. An engine that
+// exits during the wake still ends it at once with an *ExitError.
+func (s *Supervisor) WakeVerified(ctx context.Context, spec Spec, verify Verify) error {
 	start := time.Now()
 	ctx, done := s.watch(ctx, spec.Model, start)
 	defer done()
-	if err := s.wake(ctx, spec, start); err != nil {
+	if verify == nil {
+		t := s.target(spec)
+		verify = func(ctx context.Context) error { return t.verifyHealth(ctx, start) }
+	}
+	if err := s.wake(ctx, spec, verify); err != nil {
 		// Whatever step noticed it, an exit is the real reason.
 		var exit *ExitError
 		if errors.As(context.Cause(ctx), &exit) {
@@ -121,7 +138,7 @@ func (s *Supervisor) Wake(ctx context.Context, spec Spec) error {
 	return nil
 }
 
-func (s *Supervisor) wake(ctx context.Context, spec Spec, start time.Time) error {
+func (s *Supervisor) wake(ctx context.Context, spec Spec, verify Verify) error {
 	t := s.target(spec)
 	st, err := s.backend.Status(ctx, spec)
 	if err != nil {
@@ -135,7 +152,7 @@ func (s *Supervisor) wake(ctx context.Context, spec Spec, start time.Time) error
 	}
 	// A running engine may still be loading (a wake that timed out before):
 	// health first, then ask whether it sleeps.
-	if err := t.verifyHealth(ctx, start); err != nil {
+	if err := verify(ctx); err != nil {
 		return err
 	}
 	if wasRunning {
@@ -144,7 +161,7 @@ func (s *Supervisor) wake(ctx context.Context, spec Spec, start time.Time) error
 			return err
 		}
 		if woke {
-			if err := t.verifyHealth(ctx, start); err != nil {
+			if err := verify(ctx); err != nil {
 				return err
 			}
 		}
