@@ -152,7 +152,7 @@ func Run(ctx context.Context, opts Options) error {
 	go a.pumpEngineEvents()
 	go a.ticker(runCtx)
 	go a.statusLoop(runCtx)
-	go a.notify.watchdog(runCtx, func() error { return nil })
+	go a.notify.watchdog(runCtx, a.healthy)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -437,6 +437,24 @@ func (a *Agent) pumpEngineEvents() {
 			m.do(func() { m.engineExited(reason, at) })
 		}
 	}
+}
+
+// healthy is the watchdog's check: every model's owner loop answers. A
+// wedged loop stops the pings, and systemd restarts napd.
+func (a *Agent) healthy() error {
+	deadline := time.After(5 * time.Second)
+	for _, m := range a.reg.Load().list {
+		done := make(chan struct{})
+		if !m.do(func() { close(done) }) {
+			continue // removed by a reload meanwhile
+		}
+		select {
+		case <-done:
+		case <-deadline:
+			return fmt.Errorf("model %s: owner loop does not answer", m.name)
+		}
+	}
+	return nil
 }
 
 // kickStatus asks the status loop to refresh the STATUS= line.

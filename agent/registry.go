@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/user"
 	"reflect"
 	"slices"
 	"time"
@@ -92,11 +94,29 @@ func specOf(mc *config.Model, port int) supervisor.Spec {
 		Environment:      env,
 		GPUs:             mc.GPUs,
 		WorkingDirectory: mc.WorkingDirectory,
-		User:             mc.User,
+		User:             engineUser(mc.User),
 		Health:           mc.Health,
 		Sleep:            mc.Sleep,
 		StopTimeout:      mc.StopTimeout,
 	}
+}
+
+// DefaultEngineUser is the account engines run as when a model sets no
+// user and napd runs as root: the package creates it (sysusers.d), so an
+// engine does not get root's power by default.
+const DefaultEngineUser = "napd-engine"
+
+// engineUser is the user an engine runs as: the model's, else
+// DefaultEngineUser when napd is root and that account exists, else napd's
+// own (a developer running napd as themselves).
+func engineUser(configured string) string {
+	if configured != "" || os.Geteuid() != 0 {
+		return configured
+	}
+	if _, err := user.Lookup(DefaultEngineUser); err == nil {
+		return DefaultEngineUser
+	}
+	return ""
 }
 
 // transportFor is the round tripper requests to the model's engine use: one
