@@ -45,7 +45,7 @@ type model struct {
 	queue    []*waiter // FIFO: waiting for a wake or a slot
 	wakeStop context.CancelFunc
 	wakeOp   lifecycle.Op
-	wokeAt   time.Time // start of the current wake: older engine exits are not its
+	wokeAt   time.Time          // start of the current wake: older engine exits are not its
 	lastUsed time.Time          // end of the last lease, for LRU
 	retiring bool               // removed by a reload: stop once the leases end
 	restart  bool               // spec changed by a reload: restart once idle
@@ -69,8 +69,7 @@ type waiter struct {
 	arrived time.Time
 	reply   chan grant // buffered 1: the loop never blocks on it
 	granted bool
-	wakeMs  int64 // time spent waiting for a wake, set when granted
-	woke    bool  // it waited for a wake
+	woke    bool // it waited for a wake
 }
 
 type grant struct {
