@@ -9,12 +9,13 @@ import (
 )
 
 // Health polling: the first probe goes out at once, then the pause grows
-// from firstProbePause by half each time up to maxProbePause. Probes on
-// loopback are cheap, so a fast wake is seen within tens of milliseconds
-// while a cold start of a minute costs a few hundred probes.
+// from firstProbePause by half each time up to maxProbePause. The cap
+// bounds how long a request waiting for the wake is held after the engine
+// is ready (the gateway promises under 50 ms); probes on loopback are
+// cheap, so a cold start of a minute costing 2,400 of them is fine.
 const (
 	firstProbePause = 10 * time.Millisecond
-	maxProbePause   = 250 * time.Millisecond
+	maxProbePause   = 25 * time.Millisecond
 	// probeTimeout bounds one probe, so a hung engine does not hold a try.
 	probeTimeout = 2 * time.Second
 )

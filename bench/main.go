@@ -1,0 +1,195 @@
+// Command bench measures napd's gateway on this machine and writes the
+// figures, with the machine they were taken on, to docs/bench.md:
+//
+//  1. proxy cost: a small non-streamed request through napd to an awake
+//     engine on loopback versus straight to the same engine (latency and
+//     throughput, side by side in one run);
+//  2. streams: how long each SSE chunk spends in napd, and napd's memory
+//     with 2,000 streams open at once;
+//  3. wake: how soon after its engine turns healthy a waiting request is
+//     answered.
+//
+// The engine is this program itself run with -engine: a minimal server
+// whose own cost is negligible and which stamps every chunk with its send
+// time. `make bench` builds napd and runs `go run ./bench -bin bin`.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+)
+
+func main() {
+	var ef engineFlags
+	engine := flag.Bool("engine", false, "run as the bench engine (napd starts it)")
+	flag.IntVar(&ef.port, "port", 0, "engine: port")
+	flag.DurationVar(&ef.startupDelay, "startup-delay", 0, "engine: time until /health turns 200")
+	flag.StringVar(&ef.readyFile, "ready-file", "", "engine: file to write the healthy moment to")
+	var o options
+	flag.StringVar(&o.bin, "bin", "bin", "directory holding the napd binary")
+	flag.StringVar(&o.out, "out", "docs/bench.md", "figures file to write (\"\" = print only)")
+	flag.IntVar(&o.requests, "requests", 3000, "sequential requests per path for the latency figures")
+	flag.IntVar(&o.workers, "workers", 16, "concurrent clients for the throughput figures")
+	flag.DurationVar(&o.throughputFor, "throughput-for", 2*time.Second, "duration of each throughput round")
+	flag.IntVar(&o.streams, "streams", 2000, "streams held open at once for the memory figure")
+	flag.Parse()
+	if *engine {
+		if err := runEngine(ef); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the driver's flags.
+type options struct {
+	bin           string
+	out           string
+	requests      int
+	workers       int
+	throughputFor time.Duration
+	streams       int
+}
+
+func run(o options) error {
+	// Thousands of streams need thousands of descriptors here, in napd
+	// (which inherits this limit) and in the engine.
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	n, err := startNapd(o.bin, self)
+	if err != nil {
+		return err
+	}
+	defer n.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r := &report{machine: describeMachine(), streamsWanted: o.streams, workers: o.workers}
+	direct := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.enginePort)
+	viaNapd := "http://" + n.addr + "/v1/chat/completions"
+
+	step := func(name string) func() {
+		fmt.Fprintf(os.Stderr, "bench: %s…", name)
+		t := time.Now()
+		return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
+	}
+
+	for _, e := range []struct{ model, engine, direct string }{
+		{"proxy", "minimal engine (bench -engine)", direct},
+		{"demo", "napd-demo-engine --ttft 0 --tokens-per-second 0", fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.demoPort)},
+	} {
+		f, err := proxyCost(ctx, o, n, step, e.model, e.direct, viaNapd)
+		if err != nil {
+			return err
+		}
+		f.engine = e.engine
+		r.proxy = append(r.proxy, f)
+	}
+
+	done := step("per-chunk delay")
+	const streams, chunks, interval = 20, 50, 2 * time.Millisecond
+	dd, err := chunkDelays(ctx, direct, streams, chunks, interval)
+	if err != nil {
+		return fmt.Errorf("chunks direct: %w", err)
+	}
+	vv, err := chunkDelays(ctx, viaNapd, streams, chunks, interval)
+	if err != nil {
+		return fmt.Errorf("chunks via napd: %w", err)
+	}
+	r.chunkDirect, r.chunkNapd, r.chunks = summarize(dd), summarize(vv), len(vv)
+	done()
+
+	done = step(fmt.Sprintf("%d open streams", o.streams))
+	r.rssIdle, _, _ = n.memory()
+	r.streamsOpen, err = openStreams(ctx, viaNapd, o.streams, time.Second, func() {
+		for range 5 { // the largest of a few samples a chunk interval apart
+			rss, _, _ := n.memory()
+			r.rssStreams = max(r.rssStreams, rss)
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("open streams: %w", err)
+	}
+	_, r.rssPeak, _ = n.memory()
+	done()
+
+	done = step("wakes")
+	for range 2 {
+		for _, d := range wakeDelays {
+			f, err := measureWake(ctx, n, d)
+			if err != nil {
+				return err
+			}
+			r.wakes = append(r.wakes, f)
+		}
+	}
+	done()
+
+	md := r.markdown()
+	fmt.Print(md)
+	if o.out != "" {
+		if err := os.WriteFile(o.out, []byte(md), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "bench: figures written to %s\n", o.out)
+	}
+	return nil
+}
+
+// proxyCost takes the latency and throughput figures of model, straight to
+// its engine and through napd.
+func proxyCost(ctx context.Context, o options, n *napd, step func(string) func(), model, direct, viaNapd string) (proxyFigures, error) {
+	var f proxyFigures
+	body := small(model)
+	done := step("wake " + model)
+	if err := post(ctx, client(), viaNapd, body); err != nil {
+		return f, fmt.Errorf("wake %s: %w", model, err)
+	}
+	done()
+
+	done = step(fmt.Sprintf("%s: latency, %d requests per path", model, o.requests))
+	var err error
+	if f.direct, f.viaNapd, err = measureLatency(ctx, direct, viaNapd, body, o.requests); err != nil {
+		return f, fmt.Errorf("%s latency: %w", model, err)
+	}
+	done()
+
+	done = step(fmt.Sprintf("%s: throughput, %d workers", model, o.workers))
+	// Two alternating rounds per path; the better round of each counts,
+	// so a burst from another process on the machine hurts neither.
+	for range 2 {
+		rps, err := measureThroughput(ctx, direct, body, o.workers, o.throughputFor)
+		if err != nil {
+			return f, fmt.Errorf("%s throughput: %w", model, err)
+		}
+		f.directRPS = max(f.directRPS, rps)
+		cpu0 := n.cpu()
+		start := time.Now()
+		rps, err = measureThroughput(ctx, viaNapd, body, o.workers, o.throughputFor)
+		if err != nil {
+			return f, fmt.Errorf("%s throughput via napd: %w", model, err)
+		}
+		if rps > f.napdRPS {
+			f.napdRPS = rps
+			f.napdCPU = time.Duration(float64(n.cpu()-cpu0) / (rps * time.Since(start).Seconds()))
+		}
+	}
+	done()
+	return f, nil
+}

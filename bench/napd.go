@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/napd/napd/agent/control"
+)
+
+// wakeDelays are the engine start-up times the wake figure is taken at:
+// short, and long enough for napd's health polling to have slowed down.
+var wakeDelays = []time.Duration{300 * time.Millisecond, time.Second, 2 * time.Second}
+
+// napd is the napd process under test and the engines it supervises.
+type napd struct {
+	dir        string
+	addr       string // gateway host:port
+	enginePort int    // the "proxy" model's engine, for direct requests
+	demoPort   int    // the "demo" model's engine (napd-demo-engine)
+	socket     string
+	cmd        *exec.Cmd
+	log        bytes.Buffer
+	exited     chan struct{}
+}
+
+// wakeModel names the model whose engine starts in d.
+func wakeModel(d time.Duration) string { return "wake-" + d.String() }
+
+// readyFile is where the wake model's engine writes when it turns healthy.
+func (n *napd) readyFile(d time.Duration) string {
+	return filepath.Join(n.dir, wakeModel(d)+".ready")
+}
+
+// startNapd writes a config with the "proxy" model (the bench engine, no
+// start-up delay), the "demo" model (napd-demo-engine answering at once)
+// and one "wake-D" model per wake delay, and starts napd from binDir on
+// it. self is this program, run by napd as the engine.
+func startNapd(binDir, self string) (*napd, error) {
+	dir, err := os.MkdirTemp("", "napd-bench-")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	n := &napd{
+		dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), enginePort: ports[1], demoPort: ports[2],
+		socket: filepath.Join(dir, "control.sock"), exited: make(chan struct{}),
+	}
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, `[agent]
+supervisor = "exec"
+state_dir = %q
+control_socket = %q
+metrics_listen = ""
+log_level = "info"
+
+[gateway]
+listen = [%q]
+request_timeout = "5m"
+
+[policy]
+idle_timeout = "0"
+wake_timeout = "30s"
+
+[models.proxy]
+command = [%q, "-engine", "-port", "${PORT}"]
+port = %d
+sleep = "stop"
+max_concurrency = 4096
+queue = 4096
+
+[models.demo]
+command = [%q, "--host", "127.0.0.1", "--port", "${PORT}", "--model", "demo", "--ttft", "0", "--tokens-per-second", "0"]
+port = %d
+sleep = "stop"
+max_concurrency = 4096
+queue = 4096
+`, filepath.Join(dir, "state"), n.socket, n.addr, self, n.enginePort, filepath.Join(binDir, "napd-demo-engine"), n.demoPort)
+	for _, d := range wakeDelays {
+		fmt.Fprintf(&cfg, `
+[models.%q]
+command = [%q, "-engine", "-port", "${PORT}", "-startup-delay", %q, "-ready-file", %q]
+sleep = "stop"
+`, wakeModel(d), self, d.String(), n.readyFile(d))
+	}
+	path := filepath.Join(dir, "napd.toml")
+	if err := os.WriteFile(path, []byte(cfg.String()), 0o644); err != nil {
+		return nil, err
+	}
+	n.cmd = exec.Command(filepath.Join(binDir, "napd"), "--config", path)
+	n.cmd.Stdout, n.cmd.Stderr = &n.log, &n.log
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := n.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start napd: %w", err)
+	}
+	go func() { _ = n.cmd.Wait(); close(n.exited) }()
+	if err := n.waitHealthy(15 * time.Second); err != nil {
+		n.stop()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *napd) waitHealthy(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		select {
+		case <-n.exited:
+			return fmt.Errorf("napd exited:\n%s", n.log.String())
+		default:
+		}
+		if resp, err := http.Get("http://" + n.addr + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("napd not healthy within %s", within)
+}
+
+// stop ends napd (which stops its engines) and removes its directory.
+func (n *napd) stop() {
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.exited:
+	case <-time.After(20 * time.Second):
+		_ = n.cmd.Process.Kill()
+		<-n.exited
+	}
+	os.RemoveAll(n.dir)
+}
+
+// sleepModel puts a model to sleep through the control API.
+func (n *napd) sleepModel(ctx context.Context, model string) error {
+	return control.NewClient(n.socket).Sleep(ctx, model, "")
+}
+
+// memory reads napd's resident set and its peak from /proc.
+func (n *napd) memory() (rss, hwm int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ":")
+		f := strings.Fields(v)
+		if len(f) != 2 || f[1] != "kB" {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[0], 10, 64)
+		switch k {
+		case "VmRSS":
+			rss = kb << 10
+		case "VmHWM":
+			hwm = kb << 10
+		}
+	}
+	return rss, hwm, nil
+}
+
+// cpu is the CPU time napd has used so far (user and system), from
+// /proc/PID/stat in clock ticks of 10 ms (USER_HZ is 100 on Linux).
+func (n *napd) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses.
+	_, rest, _ := bytes.Cut(b, []byte(") "))
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// freePorts reserves k distinct free loopback ports.
+func freePorts(k int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range k {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Targets from the gateway's specification.
+const (
+	targetAddedMedian = 150 * time.Microsecond
+	targetAddedP99    = time.Millisecond
+	targetThroughput  = 0.70
+	targetChunk       = time.Millisecond
+	targetRSS         = 200 << 20
+	targetWake        = 50 * time.Millisecond
+)
+
+// machine is what the figures were taken on.
+type machine struct {
+	cpu, kernel, goVersion, load string
+	cores                        int
+	date                         time.Time
+}
+
+func describeMachine() machine {
+	m := machine{cpu: "unknown", cores: runtime.NumCPU(), goVersion: runtime.Version(), date: time.Now().UTC()}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return m
+}
+
+// proxyFigures are the proxy-cost figures against one engine.
+type proxyFigures struct {
+	engine             string
+	direct, viaNapd    latency
+	directRPS, napdRPS float64
+	napdCPU            time.Duration // napd's CPU time per request at that throughput
+}
+
+// report is every figure of one run.
+type report struct {
+	machine                      machine
+	proxy                        []proxyFigures
+	chunkDirect, chunkNapd       latency
+	chunks                       int
+	workers                      int
+	streamsWanted, streamsOpen   int
+	rssIdle, rssStreams, rssPeak int64
+	wakes                        []wakeFigure
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// markdown renders the figures file.
+func (r *report) markdown() string {
+	var b strings.Builder
+	m := r.machine
+	fmt.Fprintf(&b, `# napd gateway benchmark
+
+Written by `+"`make bench`"+` (the program in `+"`bench/`"+`); rerun it to
+measure your own machine. Everything runs on loopback on one host: the
+client, napd, and the engine, which is the bench program itself in engine
+mode — a minimal OpenAI-shaped server whose own cost is negligible, so the
+figures are napd's. Each chunk of its streams carries its send time.
+
+Machine: %s, %d cores, Linux %s, %s, load average %s at the start,
+%s.
+
+`, m.cpu, m.cores, m.kernel, m.goVersion, m.load, m.date.Format("2006-01-02 15:04 UTC"))
+
+	fmt.Fprintf(&b, `## Proxy cost: a small non-streamed chat completion
+
+| engine | | direct to the engine | through napd | added by napd | target | |
+|---|---|---|---|---|---|---|
+`)
+	for _, p := range r.proxy {
+		addedMed := p.viaNapd.median - p.direct.median
+		addedP99 := p.viaNapd.p99 - p.direct.p99
+		ratio := p.napdRPS / p.directRPS
+		fmt.Fprintf(&b, "| %s | median latency | %s | %s | %s | < 150 µs | %s |\n", p.engine,
+			us(p.direct.median), us(p.viaNapd.median), us(addedMed), met(addedMed < targetAddedMedian))
+		fmt.Fprintf(&b, "| | p99 latency | %s | %s | %s | < 1 ms | %s |\n",
+			us(p.direct.p99), us(p.viaNapd.p99), us(addedP99), met(addedP99 < targetAddedP99))
+		fmt.Fprintf(&b, "| | throughput | %.0f req/s | %.0f req/s | %.0f %% of direct | ≥ 70 %% | %s |\n",
+			p.directRPS, p.napdRPS, 100*ratio, met(ratio >= targetThroughput))
+		fmt.Fprintf(&b, "| | napd CPU per request | | %s | | | |\n", us(p.napdCPU))
+	}
+	fmt.Fprintf(&b, `
+Latency: requests one at a time, alternating between the two paths, after a
+warm-up. Throughput: %d concurrent clients on keep-alive connections, the
+better of two alternating rounds per path. Client, napd and engine share the
+same cores, so through napd the machine does strictly more work per request:
+the throughput ratio compares napd's CPU cost per request with the client's
+and the engine's together. Both engines here answer in a few tens of
+microseconds of CPU, less than napd, which like any HTTP proxy serves one
+request and makes another, so with them the ratio stays far below 70 %%
+however lean napd is. A real engine costs far more per request (vLLM's
+Python API server is in the order of a millisecond of CPU): at napd's cost
+per request above, that would put the ratio above 90 %% (an estimate from
+these figures, not a measurement).
+
+`, r.workers)
+
+	fmt.Fprintf(&b, `## Streams
+
+| | direct | through napd | target | |
+|---|---|---|---|---|
+| chunk delay, median | %s | %s | < 1 ms | %s |
+| chunk delay, p99 | %s | %s | < 1 ms | %s |
+| open streams at once | | %d of %d | 2,000 | %s |
+| napd RSS with them open | | %s (idle: %s, peak: %s) | < 200 MiB | %s |
+
+Chunk delay: from the engine's write of a chunk (its time stamp) to the
+client's read of it, over %d chunks (streams of 50 chunks 2 ms apart, one
+stream at a time). Through napd it includes both loopback hops, so it bounds
+the time a chunk spends in napd from above; the target is checked on it.
+RSS: napd's VmRSS (largest of five samples) while every stream is open and
+has delivered its first chunk (one chunk a second each); peak is VmHWM.
+
+`, us(r.chunkDirect.median), us(r.chunkNapd.median), met(r.chunkNapd.median < targetChunk),
+		us(r.chunkDirect.p99), us(r.chunkNapd.p99), met(r.chunkNapd.p99 < targetChunk),
+		r.streamsOpen, r.streamsWanted, met(r.streamsOpen >= 2000),
+		mib(r.rssStreams), mib(r.rssIdle), mib(r.rssPeak), met(r.rssStreams > 0 && r.rssStreams < targetRSS),
+		r.chunks)
+
+	fmt.Fprintf(&b, `## Wake: how soon a waiting request is answered once the engine is healthy
+
+| engine start-up | healthy after | answered after | answered after healthy | target < 50 ms |
+|---|---|---|---|---|
+`)
+	for _, w := range r.wakes {
+		after := w.replied - w.healthy
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", w.delay, w.healthy.Round(time.Millisecond),
+			w.replied.Round(time.Millisecond), after.Round(100*time.Microsecond), met(after < targetWake))
+	}
+	fmt.Fprintf(&b, `
+Each row is one request to a sleeping model (sleep = "stop") whose engine
+answers /health with 503 for its start-up time and then 200; the engine
+writes that moment down, and the reply's arrival at the client is compared
+with it. The model is put to sleep again between rows.
+`)
+	return b.String()
+}
