@@ -146,7 +146,7 @@ func (c *cli) wake(ctx context.Context, args []string) error {
 			phase = p.Phase
 			if tty {
 				line()
-			} else if !p.Done {
+			} else if !p.Done && p.Phase != "awake" { // the final line says it
 				fmt.Fprintf(c.out, "%s: %s (%s)\n", model, p.Phase, durStr(time.Duration(p.ElapsedMs)*time.Millisecond))
 			}
 		case <-ticker:

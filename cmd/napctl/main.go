@@ -11,6 +11,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/BurntSushi/toml"
+
 	"github.com/napd/napd/agent/config"
 )
 
@@ -118,26 +120,45 @@ func (c *cli) socketPath() string {
 	if cfg, err := config.Load(c.config); err == nil && cfg.Agent.ControlSocket != "" {
 		return cfg.Agent.ControlSocket
 	}
+	// A config with a mistake elsewhere (being edited before a reload)
+	// still names the socket of the napd that runs on its previous version.
+	var partial struct {
+		Agent struct {
+			ControlSocket string `toml:"control_socket"`
+		} `toml:"agent"`
+	}
+	if _, err := toml.DecodeFile(c.config, &partial); err == nil && partial.Agent.ControlSocket != "" {
+		return partial.Agent.ControlSocket
+	}
 	return "/run/napd/control.sock"
 }
 
-// subFlags parses a subcommand's flags; help prints the subcommand's usage.
+// subFlags parses a subcommand's flags, before or after its arguments (the
+// usage lines read "sleep MODEL [--strategy S]"); help prints the
+// subcommand's usage.
 func (c *cli) subFlags(name, synopsis string, args []string, define func(*flag.FlagSet)) ([]string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	if define != nil {
 		define(fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(c.out, "usage: napctl %s\n", synopsis)
-			fs.SetOutput(c.out)
-			fs.PrintDefaults()
-			return nil, errHelped
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintf(c.out, "usage: napctl %s\n", synopsis)
+				fs.SetOutput(c.out)
+				fs.PrintDefaults()
+				return nil, errHelped
+			}
+			return nil, usageError{fmt.Sprintf("%s: %v", name, err)}
 		}
-		return nil, usageError{fmt.Sprintf("%s: %v", name, err)}
+		args = fs.Args()
+		if len(args) == 0 {
+			return rest, nil
+		}
+		rest, args = append(rest, args[0]), args[1:]
 	}
-	return fs.Args(), nil
 }
 
 // errHelped ends a command after its --help was printed.

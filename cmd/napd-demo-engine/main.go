@@ -130,6 +130,13 @@ func run(args []string, stderr *os.File) error {
 	ctx, stop := signal.NotifyContext(context.Background(), signals...)
 	defer stop()
 
+	var failStart <-chan time.Time
+	if c.failStart {
+		failStart = time.After(c.opts.StartupDelay)
+		// It never loads: /health must not answer 200 in the instant
+		// between the end of the delay and the exit.
+		c.opts.StartupDelay = 100 * 365 * 24 * time.Hour
+	}
 	engine := demoengine.New(c.opts)
 	ln, err := net.Listen("tcp", net.JoinHostPort(c.host, strconv.Itoa(c.port)))
 	if err != nil {
@@ -145,10 +152,6 @@ func run(args []string, stderr *os.File) error {
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("listening", "addr", ln.Addr().String(), "models", engine.Models(), "sleep_mode", c.opts.SleepMode)
 
-	var failStart <-chan time.Time
-	if c.failStart {
-		failStart = time.After(c.opts.StartupDelay)
-	}
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)

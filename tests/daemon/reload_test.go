@@ -1,0 +1,133 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/tests/harness"
+)
+
+// demo is a demo-engine model that sleeps by stopping and starts in 200ms.
+func demo(name, extra string, flags ...string) string {
+	return harness.DemoModel(name, `sleep = "stop"`+"\n"+extra, append([]string{"--startup-delay", "200ms"}, flags...)...)
+}
+
+// A SIGHUP with a valid config under load: requests for the models that
+// stay never fail (the changed one's engine is restarted between its
+// requests), the added model serves, and the removed one finishes the
+// request it holds, then its engine is stopped and it answers 404.
+func TestReload_ValidConfigUnderLoad(t *testing.T) {
+	n := harness.Start(t, harness.Options{
+		Models: demo("keep", "") + demo("change", "") + demo("gone", "", "--tokens-per-second", "20"),
+	})
+	ctx := context.Background()
+	for _, m := range []string{"keep", "change", "gone"} {
+		if r := post(ctx, n, m, harness.Chat(m, false, 2)); r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("warm-up %v", r)
+		}
+	}
+	goneEngine := enginePIDs(n)["gone"]
+	changeEngine := enginePIDs(n)["change"]
+	if len(goneEngine) != 1 || len(changeEngine) != 1 {
+		t.Fatalf("engine pids %v", enginePIDs(n))
+	}
+
+	load := startLoad(n, "keep", "change")
+	// A request for "gone" that holds its lease across the reload (30
+	// tokens at 20/s).
+	held := make(chan result, 1)
+	go func() { held <- post(ctx, n, "gone", harness.Chat("gone", false, 30)) }()
+	n.WaitLog(`path=/v1/chat/completions model=gone status=200`, 5*time.Second) // the warm-up's line
+	time.Sleep(300 * time.Millisecond)
+
+	n.RewriteModels(demo("keep", "") + demo("change", "", "--ttft", "20ms") + demo("added", ""))
+	n.Signal(syscall.SIGHUP)
+	n.WaitLog("config reloaded", 5*time.Second)
+
+	// The removed model's engine runs until its last lease ends.
+	if !alive(goneEngine[0]) {
+		t.Errorf("engine of the removed model stopped while a request held its lease")
+	}
+	if r := <-held; r.err != nil || r.status != http.StatusOK || !strings.Contains(r.body, "tok") {
+		t.Errorf("request held by the removed model: %v", r)
+	}
+	waitGone(t, goneEngine[0], 10*time.Second)
+	if r := post(ctx, n, "gone", harness.Chat("gone", false, 2)); r.status != http.StatusNotFound {
+		t.Errorf("removed model after reload: %v, want 404", r)
+	}
+	if r := post(ctx, n, "added", harness.Chat("added", false, 2)); r.err != nil || r.status != http.StatusOK {
+		t.Errorf("added model: %v", r)
+	}
+
+	// The changed engine is restarted with its new flags while the load
+	// keeps running.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(enginePIDs(n)["change"]) < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if pids := enginePIDs(n)["change"]; len(pids) < 2 {
+		t.Errorf("engine of the changed model was not restarted: pids %v", pids)
+	}
+	before := load.count("change")
+	for load.count("change") < before+5 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	results := load.stop()
+	checkAllOK(t, results, "keep", "change")
+	if strings.Contains(n.Log(), "config changes that take effect only at restart") {
+		t.Errorf("a models-only reload warned about restart-only keys")
+	}
+}
+
+// A SIGHUP with an invalid config under load is refused: the errors are
+// logged with file:line, the running config keeps serving, no request
+// fails, and the reload counter says invalid.
+func TestReload_InvalidConfigUnderLoad(t *testing.T) {
+	n := harness.Start(t, harness.Options{Models: demo("keep", "")})
+	load := startLoad(n, "keep")
+	deadline := time.Now().Add(10 * time.Second)
+	for load.count("keep") < 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.RewriteModels(demo("keep", `idle_timeout = "soon"`) + demo("other", ""))
+	n.Signal(syscall.SIGHUP)
+	n.WaitLog("config reload refused", 5*time.Second)
+	before := load.count("keep")
+	for load.count("keep") < before+5 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	checkAllOK(t, load.stop(), "keep")
+
+	if !regexp.MustCompile(`napd\.toml:\d+: models\.keep\.idle_timeout`).MatchString(n.Log()) {
+		t.Errorf("refused reload's log has no file:line: key error:\n%s", n.Log())
+	}
+	if r := post(context.Background(), n, "other", harness.Chat("other", false, 2)); r.status != http.StatusNotFound {
+		t.Errorf("model of the refused config: %v, want 404", r)
+	}
+	fams := scrape(t, n)
+	if v := value(sample(fams, "napd_config_reloads_total", map[string]string{"result": "invalid"})); v != 1 {
+		t.Errorf("napd_config_reloads_total{result=invalid} = %v, want 1", v)
+	}
+}
+
+// checkAllOK fails for every request of models that was not a 200.
+func checkAllOK(t *testing.T, results []result, models ...string) {
+	t.Helper()
+	count := make(map[string]int)
+	for _, r := range results {
+		count[r.model]++
+		if r.err != nil || r.status != http.StatusOK {
+			t.Errorf("request failed under reload: %v", r)
+		}
+	}
+	for _, m := range models {
+		if count[m] == 0 {
+			t.Errorf("no request for %s ran", m)
+		}
+	}
+}
