@@ -526,9 +526,10 @@ func (m *model) tick() {
 	m.publish()
 }
 
-// engineExited handles a process exit napd did not ask for, at time at. An
-// exit from before the current wake began (the worker's dead session and
-// its process exit arrive separately) is old news and must not fail it.
+// engineExited handles an engine exit napd did not ask for; at dates the
+// engine instance that exited (its exit, or its session's start). An
+// instance older than the current wake is old news and must not fail it:
+// a worker's dead session and its process exit arrive separately.
 func (m *model) engineExited(reason string, at time.Time) {
 	if m.machine.Snapshot().State == lifecycle.Waking && at.Before(m.wokeAt) {
 		m.log.Debug("engine exit from before this wake ignored", "reason", reason)

@@ -38,7 +38,8 @@ type zmqEngine struct {
 	address string
 	log     *slog.Logger
 	closed  atomic.Bool
-	mu      sync.Mutex // serialises the dial against Close
+	upAt    atomic.Int64 // Unix ns when the current (or last) session came up
+	mu      sync.Mutex   // serialises the dial against Close
 	c       atomic.Pointer[client.Client]
 }
 
@@ -143,10 +144,17 @@ func waitForSocket(ctx context.Context, address string) error {
 // the lifecycle makes it sleeping, or waking if requests wait. Requests in
 // flight have already failed with *client.DeadError (502).
 func (z *zmqEngine) onState(st client.State, err error) {
-	if st != client.Dead || z.closed.Load() {
+	if st == client.Connected {
+		z.upAt.Store(z.a.clock().UnixNano())
 		return
 	}
-	at := z.a.clock()
+	if z.closed.Load() {
+		return
+	}
+	// The session's start dates the worker instance that died: a wake that
+	// began after it (started by the process's own exit event, which may
+	// come first) is not failed by this late notice.
+	at := time.Unix(0, z.upAt.Load())
 	reason := "worker session lost"
 	var dead *client.DeadError
 	if errors.As(err, &dead) {

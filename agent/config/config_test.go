@@ -102,6 +102,7 @@ func TestParse_Errors(t *testing.T) {
 		{"port 0 without ${PORT}", "[models.a]\ncommand = [\"engine\"]\n", 2, "models.a.command", "${PORT}"},
 		{"zmq without address", "[models.a]\ntransport = \"zmq\"\ncommand = [\"w\"]\n", 1, "models.a", "needs address"},
 		{"address on http", "[models.a]\n" + minimal + "address = \"ipc:///x\"\n", 3, "models.a.address", "only used with"},
+		{"zmq with vllm sleep", "[models.a]\ntransport = \"zmq\"\ncommand = [\"w\"]\naddress = \"ipc:///x\"\nsleep = \"vllm-l1\"\n", 5, "models.a.sleep", `a transport = "zmq" worker sleeps by "stop" or "none"`},
 		{"bad zmq address", "[models.a]\ntransport = \"zmq\"\ncommand = [\"w\"]\naddress = \"x\"\n", 4, "models.a.address", "bad ZeroMQ address"},
 		{"unsafe model name", "[models.Qwen3]\n" + minimal, 1, "models.Qwen3", "not allowed"},
 		{"model name with slash", "[models.\"a/b\"]\n" + minimal, 1, `models."a/b"`, "not allowed"},

@@ -385,6 +385,10 @@ func (d *decoder) checkModel(m *Model, t *table) {
 		if !hasAddr {
 			d.add(t.line, t.path, `transport = "zmq" needs address`)
 		}
+		// The vLLM and SGLang strategies call HTTP endpoints a ZMQ worker has not.
+		if m.Sleep != SleepStop && m.Sleep != SleepNone {
+			d.add(d.keyLine(t, "sleep"), child(t.path, "sleep"), fmt.Sprintf(`sleep = %q needs an HTTP engine: a transport = "zmq" worker sleeps by "stop" or "none"`, m.Sleep))
+		}
 	case TransportHTTP:
 		if hasAddr {
 			d.add(d.keyLine(t, "address"), child(t.path, "address"), `only used with transport = "zmq"`)

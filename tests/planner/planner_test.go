@@ -1,0 +1,196 @@
+// Package planner runs napd's fit-before-wake end to end: demo engines on a
+// fake GPU whose memory a fake nvidia-smi (testdata/nvidia-smi) reports
+// from the engine processes that really run.
+package planner
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/tests/harness"
+)
+
+// gpu is the fake GPU: its size and each model's footprint, in MiB, in the
+// state file the fake nvidia-smi reads; and the file it notes calls in.
+type gpu struct {
+	state, calls string
+}
+
+func fakeGPU(t *testing.T, totalMiB int, models map[string]int) (gpu, []string) {
+	t.Helper()
+	dir := t.TempDir()
+	g := gpu{state: filepath.Join(dir, "gpu-state"), calls: filepath.Join(dir, "smi-calls")}
+	var b strings.Builder
+	fmt.Fprintf(&b, "total %d\n", totalMiB)
+	for name, mib := range models {
+		fmt.Fprintf(&b, "model %s %d\n", name, mib)
+	}
+	if err := os.WriteFile(g.state, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testdata, err := filepath.Abs("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{
+		"PATH=" + testdata + ":" + harness.Bin(t) + ":" + os.Getenv("PATH"),
+		"FAKE_SMI_STATE=" + g.state,
+		"FAKE_SMI_CALLS=" + g.calls,
+	}
+	return g, env
+}
+
+// rounds is how many times napd measured the GPU so far.
+func (g gpu) rounds() int {
+	b, _ := os.ReadFile(g.calls)
+	return strings.Count(string(b), "\n")
+}
+
+// lastUseBeforeRound uses small once more and returns when it is past its
+// idle minimum (4s) but before a planner round could see that: the idle
+// rule would otherwise take it first, with reason idle. Rounds come every
+// 2 to 3 seconds (a 1s ticker plans when 2s have passed), so a round seen
+// between 2.5s and 3.9s after the last use leaves the next one beyond
+// 4.45s; when no round falls there, it tries again.
+func lastUseBeforeRound(t *testing.T, n *harness.Napd, ctx context.Context, g gpu) {
+	t.Helper()
+	for try := 0; try < 6; try++ {
+		if resp, body := post(t, n, ctx, "small", 1); resp.StatusCode != http.StatusOK {
+			t.Fatalf("small: %d %s", resp.StatusCode, body)
+		}
+		used := time.Now()
+		var last time.Time
+		for seen := g.rounds(); time.Since(used) < 3900*time.Millisecond; time.Sleep(10 * time.Millisecond) {
+			if r := g.rounds(); r > seen {
+				seen, last = r, time.Now()
+			}
+		}
+		if last.Sub(used) > 2500*time.Millisecond {
+			time.Sleep(time.Until(used.Add(4100 * time.Millisecond)))
+			return
+		}
+	}
+	t.Fatal("no planner round fell where the test needs one in 6 tries")
+}
+
+func demo(name, extra string) string {
+	return harness.DemoModel(name, "sleep = \"stop\"\ngpus = [0]\n"+extra, "--startup-delay", "200ms", "--ttft", "10ms")
+}
+
+func post(t *testing.T, n *harness.Napd, ctx context.Context, model string, maxTokens int) (*http.Response, string) {
+	t.Helper()
+	resp, body, err := n.Post(ctx, "/v1/chat/completions", harness.Chat(model, false, maxTokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(body)
+}
+
+func metric(t *testing.T, n *harness.Napd, line string) bool {
+	t.Helper()
+	resp, err := http.Get("http://" + n.Metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.Contains(string(b), line)
+}
+
+// A 20 GiB model does not fit next to an idle 10 GiB one on a 24 GiB GPU:
+// napd puts the idle one to sleep first (make-room), waits until the GPU
+// shows its memory back, then wakes the large one, and the request gets 200.
+func TestPlanner_WakePutsIdleModelToSleepFirst(t *testing.T) {
+	g, env := fakeGPU(t, 24<<10, map[string]int{"small": 10 << 10, "big": 20 << 10})
+	// The idle minimum is min(idle_timeout, 1m); the idle rule itself fires
+	// at the first planner round past idle_timeout, so the wake of big must
+	// land between the two: see lastUseBeforeRound.
+	n := harness.Start(t, harness.Options{
+		Models: demo("small", `gpu_memory = "10GiB"`+"\nidle_timeout = \"4s\"") + demo("big", `gpu_memory = "20GiB"`),
+		Env:    env,
+	})
+	n.WaitLog("gpu probe", 5*time.Second)
+	if !strings.Contains(n.Log(), "source=nvidia-smi") {
+		t.Fatalf("napd does not use the fake nvidia-smi:\n%s", n.Log())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	if resp, body := post(t, n, ctx, "small", 2); resp.StatusCode != http.StatusOK {
+		t.Fatalf("small: %d %s", resp.StatusCode, body)
+	}
+	lastUseBeforeRound(t, n, ctx, g)
+
+	resp, body := post(t, n, ctx, "big", 2)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("big: %d %s", resp.StatusCode, body)
+	}
+	// In order: the make-room decision, small's engine gone, big's started.
+	steps := []string{`msg="planner decision" model=small .*decision.reason=make-room`,
+		`msg="engine stopped" backend=exec model=small`, `msg="engine started" backend=exec model=big`}
+	next := 0
+	for _, line := range harness.Lines(n.Log()) {
+		if next < len(steps) && regexp.MustCompile(steps[next]).MatchString(line) {
+			next++
+		}
+	}
+	if next < len(steps) {
+		t.Fatalf("the log lacks, in order, %q", steps[next])
+	}
+	if !metric(t, n, `napd_planner_decisions_total{action="sleep",model="small",reason="make-room"} 1`) {
+		t.Error("metrics show no make-room decision for small")
+	}
+	if out, err := n.Napctl("status"); err != nil || !strings.Contains(out, "sleeping") || !strings.Contains(out, "awake") {
+		t.Errorf("napctl status: %v\n%s", err, out)
+	}
+}
+
+// A wake that cannot fit because a busy model (mid-stream) and a pinned one
+// hold the memory puts nothing to sleep: the request gets 503 with
+// Retry-After and a message naming both and how much they hold.
+func TestPlanner_WakeThatCannotFitNamesTheHolders(t *testing.T) {
+	_, env := fakeGPU(t, 24<<10, map[string]int{"small": 10 << 10, "pin": 4 << 10, "big": 20 << 10})
+	n := harness.Start(t, harness.Options{
+		Models: demo("small", `gpu_memory = "10GiB"`) + demo("pin", "gpu_memory = \"4GiB\"\npinned = true") +
+			demo("big", `gpu_memory = "20GiB"`),
+		Env: env,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	if resp, body := post(t, n, ctx, "pin", 1); resp.StatusCode != http.StatusOK {
+		t.Fatalf("pin: %d %s", resp.StatusCode, body)
+	}
+	// A long stream keeps small busy while big asks to wake.
+	streamCtx, stopStream := context.WithCancel(ctx)
+	defer stopStream()
+	req, _ := http.NewRequestWithContext(streamCtx, http.MethodPost, n.URL("/v1/chat/completions"),
+		strings.NewReader(harness.Chat("small", true, 5000)))
+	req.Header.Set("Content-Type", "application/json")
+	stream, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	if _, err := stream.Body.Read(make([]byte, 1)); err != nil || stream.StatusCode != http.StatusOK {
+		t.Fatalf("small's stream: %d %v", stream.StatusCode, err)
+	}
+
+	resp, body := post(t, n, ctx, "big", 2)
+	want := "cannot fit big (20.0 GiB) on GPU 0: 10.0 GiB free; held by busy small (10.0 GiB), pinned pin (4.0 GiB)"
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, want) {
+		t.Fatalf("big: status %d Retry-After %q body %s\nwant the message %q", resp.StatusCode, resp.Header.Get("Retry-After"), body, want)
+	}
+	if strings.Contains(n.Log(), `msg="planner decision"`) {
+		t.Error("a model was put to sleep for a wake that cannot fit")
+	}
+	if out, err := n.Napctl("status"); err != nil || strings.Count(out, "awake") != 2 {
+		t.Errorf("small and pin must stay awake: %v\n%s", err, out)
+	}
+}
