@@ -191,7 +191,7 @@ func (a *Agent) act(in planner.Input, decisions []planner.Decision) {
 		a.log.Info("planner decision", "model", d.Model, "decision", d)
 		a.metrics.Decisions.WithLabelValues(d.Model, string(d.Action), string(d.Reason)).Inc()
 		a.publishEvent(controlDecision(d))
-		req := lifecycle.SleepRequest{Reason: reason, Strategy: d.Strategy}
+		req := lifecycle.SleepRequest{Reason: reason, Strategy: d.Strategy, Cause: string(d.Reason)}
 		act := lifecycleEngine(engines[d.Model])
 		m.do(func() { m.requestSleep(req, act) })
 	}

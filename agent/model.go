@@ -100,13 +100,13 @@ func newModel(a *Agent, cfg *config.Model, spec supervisor.Spec, tr http.RoundTr
 }
 
 // policyOf maps a model's config onto the lifecycle's policy. The idle
-// minimum (anti-flap) is the shorter of the idle timeout and one minute: a
-// model woken for a request is not a candidate for pressure eviction until
-// it was idle that long.
+// minimum (anti-flap) is half the idle timeout, at most one minute: a model
+// woken for a request is not a candidate for pressure eviction until it was
+// idle that long, and pressure can still take it before its idle timeout.
 func policyOf(c *config.Model) lifecycle.Policy {
 	idleMin := time.Minute
-	if c.IdleTimeout > 0 && c.IdleTimeout < idleMin {
-		idleMin = c.IdleTimeout
+	if c.IdleTimeout > 0 && c.IdleTimeout/2 < idleMin {
+		idleMin = c.IdleTimeout / 2
 	}
 	return lifecycle.Policy{
 		DrainTimeout:         c.DrainTimeout,
@@ -465,6 +465,9 @@ func (m *model) startSleep(op lifecycle.Op, req lifecycle.SleepRequest) {
 }
 
 func sleepLabel(req lifecycle.SleepRequest) string {
+	if req.Cause != "" {
+		return req.Cause
+	}
 	switch req.Reason {
 	case lifecycle.IdleTimeout:
 		return "idle"

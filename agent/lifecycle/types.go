@@ -143,6 +143,9 @@ type SleepRequest struct {
 	// host-memory pressure instead of the model's "vllm-l1"). Opaque here:
 	// it is handed back in the IssueSleep decision.
 	Strategy string
+	// Cause is the caller's finer reason (e.g. the planner's
+	// "gpu-pressure"), handed back like Strategy for logs and metrics.
+	Cause string
 }
 
 // EngineActivity is what the engine itself says about work in flight
