@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -24,10 +25,10 @@ import (
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/probes/enginemetrics"
-	"github.com/napd/napd/probes/footprint"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
 	"github.com/napd/napd/supervisor"
@@ -73,7 +74,8 @@ type Agent struct {
 	gpu        gpu.Probe
 	host       host.Probe
 	scraper    enginemetrics.Scraper
-	footprints *footprint.Store
+	footprints *memo.Store // learned GPU footprints
+	ports      *memo.Store // ports napd allocated for port = 0 models
 	metrics    *metrics.Metrics
 	hub        *hub
 	notify     notifier
@@ -119,7 +121,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err := os.MkdirAll(cfg.Agent.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	if a.footprints, err = footprint.Open(cfg.Agent.StateDir); err != nil {
+	if a.footprints, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "footprints.json")); err != nil {
+		return err
+	}
+	if a.ports, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "ports.json")); err != nil {
 		return err
 	}
 	if a.backend, err = a.openBackend(runCtx, cfg); err != nil {

@@ -189,8 +189,7 @@ func (m *model) admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 	w := &waiter{id: adm.ID, arrived: m.now(), reply: make(chan grant, 1)}
 	if !m.do(func() { m.arrive(w) }) {
 		m.end(w, gateway.Outcome{Cancelled: true})
-		return nil, &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
-			Message: "model " + m.name + " was removed from the configuration", RetryAfter: time.Second}
+		return nil, m.removed()
 	}
 	select {
 	case g := <-w.reply:
@@ -237,6 +236,13 @@ func (m *model) end(w *waiter, o gateway.Outcome) {
 	})
 }
 
+// removed is the refusal for a request that reached a model a reload
+// removed: 503, as the request raced the reload (a later one gets 404).
+func (m *model) removed() *gateway.Refusal {
+	return &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
+		Message: "model " + m.name + " was removed from the configuration", RetryAfter: time.Second}
+}
+
 func storedToGateway(s *lease.Stored) *gateway.StoredResponse {
 	if s == nil {
 		return nil
@@ -248,8 +254,7 @@ func storedToGateway(s *lease.Stored) *gateway.StoredResponse {
 
 func (m *model) arrive(w *waiter) {
 	if m.retiring {
-		w.reply <- grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
-			Message: "model " + m.name + " is being removed from the configuration", RetryAfter: time.Second}}
+		w.reply <- grant{err: m.removed()}
 		return
 	}
 	if m.stopping { // the old engine is being stopped: wake the new one after

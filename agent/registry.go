@@ -48,16 +48,9 @@ func (a *Agent) buildRegistry(cfg *config.Config, old *registry) (*registry, err
 		if old != nil {
 			prev = old.byName[mc.Name]
 		}
-		port := mc.Port
-		if port == 0 && prev != nil && prev.cfg.Port == 0 {
-			port = prev.spec.Port // keep the port napd allocated for a running engine
-		}
-		if port == 0 {
-			p, err := config.FreePort()
-			if err != nil {
-				return nil, fmt.Errorf("model %s: allocate a port: %w", mc.Name, err)
-			}
-			port = p
+		port, err := a.portFor(mc, prev)
+		if err != nil {
+			return nil, err
 		}
 		spec := specOf(mc, port)
 		var m *model
@@ -77,6 +70,30 @@ func (a *Agent) buildRegistry(cfg *config.Config, old *registry) (*registry, err
 		}
 	}
 	return r, nil
+}
+
+// portFor is the port of a model's engine: the configured one, else the one
+// napd allocated before — by an earlier config generation, or by an earlier
+// napd whose engine unit still runs and is about to be adopted (remembered
+// in state_dir) — else a free one, remembered for next time.
+func (a *Agent) portFor(mc *config.Model, prev *model) (int, error) {
+	if mc.Port != 0 {
+		return mc.Port, nil
+	}
+	if prev != nil && prev.cfg.Port == 0 {
+		return prev.spec.Port, nil
+	}
+	if p, ok := a.ports.Get(mc.Name); ok {
+		return int(p), nil
+	}
+	p, err := config.FreePort()
+	if err != nil {
+		return 0, fmt.Errorf("model %s: allocate a port: %w", mc.Name, err)
+	}
+	if err := a.ports.Remember(mc.Name, int64(p)); err != nil {
+		a.log.Warn("remembering the allocated port", "model", mc.Name, "err", err)
+	}
+	return p, nil
 }
 
 // specOf builds the supervisor's spec for a model on port.
@@ -159,8 +176,7 @@ func (m *model) reconfigure(mc *config.Model, spec supervisor.Spec, now time.Tim
 func (m *model) retire() {
 	m.retiring = true
 	for _, q := range m.queue {
-		q.reply <- grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
-			Message: "model " + m.name + " was removed from the configuration", RetryAfter: time.Second}}
+		q.reply <- grant{err: m.removed()}
 	}
 	m.queue = nil
 	m.afterIdle()

@@ -1,7 +1,9 @@
-// Package footprint remembers how much GPU memory each model used the last
-// time it was awake, in <state_dir>/footprints.json, so that a wake after a
-// restart can be planned before the model has ever been measured again.
-package footprint
+// Package memo remembers one positive number per model in a JSON file under
+// state_dir, written atomically, so that what napd learned survives a
+// restart: each model's GPU footprint (footprints.json), and the port napd
+// allocated for a model with port = 0 (ports.json), so a restarted napd
+// finds the engine it adopts.
+package memo
 
 import (
 	"encoding/json"
@@ -14,10 +16,7 @@ import (
 	"sync"
 )
 
-// FileName is the store's file inside state_dir.
-const FileName = "footprints.json"
-
-// Store is the remembered footprints. It is safe for concurrent use.
+// Store is one file of remembered numbers. It is safe for concurrent use.
 type Store struct {
 	path string
 
@@ -25,29 +24,29 @@ type Store struct {
 	bytes map[string]int64
 }
 
-// Open loads the store from stateDir. A missing file is an empty store; a
+// Open loads the store from path. A missing file is an empty store; a
 // corrupt one is an error (the operator should see it, not lose it silently).
-func Open(stateDir string) (*Store, error) {
-	s := &Store{path: filepath.Join(stateDir, FileName), bytes: make(map[string]int64)}
+func Open(path string) (*Store, error) {
+	s := &Store{path: path, bytes: make(map[string]int64)}
 	data, err := os.ReadFile(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("footprints: %w", err)
+		return nil, fmt.Errorf("%s: %w", s.path, err)
 	}
 	if err := json.Unmarshal(data, &s.bytes); err != nil {
-		return nil, fmt.Errorf("footprints %s: %w", s.path, err)
+		return nil, fmt.Errorf("%s: %w", s.path, err)
 	}
 	for model, b := range s.bytes {
 		if b <= 0 {
-			return nil, fmt.Errorf("footprints %s: %q has %d bytes", s.path, model, b)
+			return nil, fmt.Errorf("%s: %q has %d, want a positive number", s.path, model, b)
 		}
 	}
 	return s, nil
 }
 
-// Get returns the remembered footprint of model in bytes.
+// Get returns the number remembered for model.
 func (s *Store) Get(model string) (int64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -55,16 +54,16 @@ func (s *Store) Get(model string) (int64, bool) {
 	return b, ok
 }
 
-// All returns a copy of every remembered footprint.
+// All returns a copy of every remembered number.
 func (s *Store) All() map[string]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return maps.Clone(s.bytes)
 }
 
-// Remember records model's measured footprint and writes the file when the
-// value changed. Non-positive values are ignored: a model measured at 0
-// bytes was not measured.
+// Remember records model's number and writes the file when the value
+// changed. Non-positive values are ignored: a footprint measured at 0 bytes
+// was not measured.
 func (s *Store) Remember(model string, bytes int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -85,12 +84,12 @@ func (s *Store) Remember(model string, bytes int64) error {
 func (s *Store) write(m map[string]int64) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return fmt.Errorf("footprints: %w", err)
+		return fmt.Errorf("%s: %w", s.path, err)
 	}
 	dir := filepath.Dir(s.path)
-	tmp, err := os.CreateTemp(dir, FileName+".*")
+	tmp, err := os.CreateTemp(dir, filepath.Base(s.path)+".*")
 	if err != nil {
-		return fmt.Errorf("footprints: %w", err)
+		return fmt.Errorf("%s: %w", s.path, err)
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
 	_, err = tmp.Write(append(data, '\n'))
@@ -107,7 +106,7 @@ func (s *Store) write(m map[string]int64) error {
 		err = os.Rename(tmp.Name(), s.path)
 	}
 	if err != nil {
-		return fmt.Errorf("footprints: write %s: %w", s.path, err)
+		return fmt.Errorf("write %s: %w", s.path, err)
 	}
 	// The rename is durable only once the directory is synced.
 	if d, err := os.Open(dir); err == nil {

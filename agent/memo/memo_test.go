@@ -1,4 +1,4 @@
-package footprint
+package memo
 
 import (
 	"fmt"
@@ -9,9 +9,11 @@ import (
 	"testing"
 )
 
+const fileName = "footprints.json"
+
 func TestStore_RememberPersists(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(dir)
+	s, err := Open(filepath.Join(dir, fileName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +26,7 @@ func TestStore_RememberPersists(t *testing.T) {
 	if err := s.Remember("embed", 2<<30); err != nil {
 		t.Fatal(err)
 	}
-	again, err := Open(dir)
+	again, err := Open(filepath.Join(dir, fileName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,17 +38,17 @@ func TestStore_RememberPersists(t *testing.T) {
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
-		t.Errorf("state dir holds %d entries, want only %s (no temp files left)", len(entries), FileName)
+		t.Errorf("state dir holds %d entries, want only %s (no temp files left)", len(entries), fileName)
 	}
 }
 
 func TestStore_IgnoresNonPositive(t *testing.T) {
 	dir := t.TempDir()
-	s, _ := Open(dir)
+	s, _ := Open(filepath.Join(dir, fileName))
 	if err := s.Remember("m", 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, FileName)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, fileName)); !os.IsNotExist(err) {
 		t.Errorf("file written for a zero footprint: %v", err)
 	}
 }
@@ -54,10 +56,10 @@ func TestStore_IgnoresNonPositive(t *testing.T) {
 func TestOpen_CorruptFileIsAnError(t *testing.T) {
 	for _, content := range []string{"{not json", `{"m": -5}`} {
 		dir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dir, FileName), []byte(content), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, fileName), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), FileName) {
+		if _, err := Open(filepath.Join(dir, fileName)); err == nil || !strings.Contains(err.Error(), fileName) {
 			t.Errorf("%q: err = %v, want one naming the file", content, err)
 		}
 	}
@@ -68,7 +70,7 @@ func TestStore_WriteFailureKeepsOldValue(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	s, _ := Open(dir)
+	s, _ := Open(filepath.Join(dir, fileName))
 	if err := os.Remove(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +84,7 @@ func TestStore_WriteFailureKeepsOldValue(t *testing.T) {
 
 func TestStore_ConcurrentRemember(t *testing.T) {
 	dir := t.TempDir()
-	s, _ := Open(dir)
+	s, _ := Open(filepath.Join(dir, fileName))
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
@@ -92,7 +94,7 @@ func TestStore_ConcurrentRemember(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	again, err := Open(dir)
+	again, err := Open(filepath.Join(dir, fileName))
 	if err != nil {
 		t.Fatal(err)
 	}
