@@ -8,14 +8,16 @@ LDFLAGS := -X main.version=$(VERSION)
 # the systemd test box, which a plain `gofmt -l .` would walk into).
 GOFILES = $(shell $(GO) list -e -f '{{$$d := .Dir}}{{range .GoFiles}}{{$$d}}/{{.}} {{end}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .IgnoredGoFiles}}{{$$d}}/{{.}} {{end}}' ./...)
 
-.PHONY: help build test test-deps lint run clean
+.PHONY: help build test test-deps lint run bench clean deb
 
 help:
 	@echo "make build   build napd, napctl and napd-demo-engine into bin/"
 	@echo "make test    install missing test packages, run every test with -race"
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make run     run napd on etc/napd/demo.toml (demo engines, no GPU)"
+	@echo "make bench   proxy cost, streams and wake figures -> docs/bench.md (~1 min)"
 	@echo "make clean   remove bin/"
+	@echo "make deb     build the Debian package dist/napd_<version>_<arch>.deb"
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/...
@@ -37,3 +39,10 @@ run: build
 
 clean:
 	rm -rf bin/
+
+deb:
+	GO=$(GO) packaging/build-deb.sh dist
+
+# Proxy cost, streams and wake figures, written to docs/bench.md.
+bench: build
+	$(GO) run ./bench -bin bin -out docs/bench.md

@@ -9,6 +9,8 @@ PACKAGES=(
 	python3-msgpack # message encoding of that peer
 	iproute2        # ip(8): loopback inside the systemd test box
 	lintian         # checks the built .deb
+	dpkg-dev        # dpkg-shlibdeps and dpkg-buildflags for make deb
+	curl            # the package test's client inside the systemd box
 )
 
 installed() {

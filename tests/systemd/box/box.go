@@ -187,7 +187,10 @@ func writeUnits(dir string) error {
 // start runs boot.sh and finds the box's systemd. A non-nil Box is returned
 // whenever something was started, so the caller can tear it down.
 func start(dir string, opts Options) (*Box, error) {
-	unitPath := []string{UnitDir}
+	// The transient units' directory is on every host's unit path; without
+	// it a daemon-reload loses transient units (napd's engines): they keep
+	// running as not-found units whose files are never removed.
+	unitPath := []string{UnitDir, "/run/systemd/transient"}
 	pkgDirs := ""
 	if opts.PackageUnitDirs {
 		unitPath = append(unitPath, "/etc/systemd/system", "/lib/systemd/system")
