@@ -460,7 +460,7 @@ func (m *model) startSleep(op lifecycle.Op, req lifecycle.SleepRequest) {
 			d := m.machine.SleepDone(m.now(), op, err, m.evidence())
 			if err == nil {
 				m.a.metrics.Sleeps.WithLabelValues(m.name, sleepLabel(req)).Inc()
-				m.emit(control.Event{Kind: "sleep", Reason: req.Reason.String() + " (" + strategy + ")"})
+				m.emit(control.Event{Kind: "sleep", Reason: req.Reason.String() + ", strategy " + strategy})
 			}
 			m.apply(d, nil)
 			m.afterIdle()

@@ -57,13 +57,18 @@ func (n notifier) watchdog(ctx context.Context, healthy func() error) {
 
 // statusLine is the STATUS= text systemctl status shows.
 func statusLine(states map[string]int, total, inFlight int) string {
-	awake := states["awake"]
-	asleep := states["sleeping"]
-	s := fmt.Sprintf("%d models: %d awake, %d asleep", total, awake, asleep)
+	s := fmt.Sprintf("%s: %d awake, %d asleep", plural(total, "model"), states["awake"], states["sleeping"])
 	for _, st := range []string{"waking", "draining", "unverified", "failed", "unsupported"} {
 		if n := states[st]; n > 0 {
 			s += fmt.Sprintf(", %d %s", n, st)
 		}
 	}
-	return s + fmt.Sprintf("; %d requests in flight", inFlight)
+	return s + "; " + plural(inFlight, "request") + " in flight"
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -12,8 +12,9 @@ func TestStatusLine(t *testing.T) {
 	}{
 		{nil, 0, 0, "0 models: 0 awake, 0 asleep; 0 requests in flight"},
 		{map[string]int{"awake": 1, "sleeping": 2}, 3, 4, "3 models: 1 awake, 2 asleep; 4 requests in flight"},
+		{map[string]int{"awake": 1}, 1, 1, "1 model: 1 awake, 0 asleep; 1 request in flight"},
 		{map[string]int{"failed": 1, "waking": 1, "unsupported": 1, "draining": 1, "unverified": 1, "awake": 0}, 5, 1,
-			"5 models: 0 awake, 0 asleep, 1 waking, 1 draining, 1 unverified, 1 failed, 1 unsupported; 1 requests in flight"},
+			"5 models: 0 awake, 0 asleep, 1 waking, 1 draining, 1 unverified, 1 failed, 1 unsupported; 1 request in flight"},
 	} {
 		if got := statusLine(c.states, c.total, c.inFlight); got != c.want {
 			t.Errorf("statusLine(%v, %d, %d) = %q, want %q", c.states, c.total, c.inFlight, got, c.want)

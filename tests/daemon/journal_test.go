@@ -83,11 +83,11 @@ func TestJournal_UnderSystemd(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	statusText("1 models: 0 awake, 1 asleep; 0 requests in flight")
+	statusText("1 model: 0 awake, 1 asleep; 0 requests in flight")
 	if out := run("napctl", "wake", "m"); !strings.Contains(out, "m: awake after") {
 		t.Fatalf("napctl wake in the box: %q", out)
 	}
-	statusText("1 models: 1 awake, 0 asleep")
+	statusText("1 model: 1 awake, 0 asleep")
 
 	run("systemctl", "reload", "napd.service") // waits for READY=1 after RELOADING=1
 	if st := strings.TrimSpace(run("systemctl", "is-active", "napd.service")); st != "active" {

@@ -46,7 +46,7 @@ func TestNotify_ReadyStatusWatchdogReloadStopping(t *testing.T) {
 	// A streamed request wakes a: the line shows it waking with its
 	// request in flight, then awake.
 	s := startStream(n, "a", 20)
-	sock.waitFor(t, ready, "STATUS waking", isStatus("2 models: 0 awake, 1 asleep, 1 waking; 1 requests in flight"), 10*time.Second)
+	sock.waitFor(t, ready, "STATUS waking", isStatus("2 models: 0 awake, 1 asleep, 1 waking; 1 request in flight"), 10*time.Second)
 	sock.waitFor(t, ready, "STATUS awake", isStatus("2 models: 1 awake, 1 asleep;"), 10*time.Second)
 	<-s.done
 	if s.err != nil || !s.full {
