@@ -228,6 +228,7 @@ func (a *Agent) stopModels() {
 	a.loops.Wait()
 	for _, m := range a.reg.Load().list {
 		closeTransport(m.tr)
+		closeTransport(m.nextTr)
 	}
 }
 

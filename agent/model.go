@@ -40,6 +40,7 @@ type model struct {
 	oldSpec  supervisor.Spec // the spec the running engine was started with
 	target   *url.URL
 	tr       http.RoundTripper
+	nextTr   http.RoundTripper // a reload's new transport, used once the engine restarts
 	machine  *lifecycle.Machine
 	active   int       // granted requests (slots in use)
 	queue    []*waiter // FIFO: waiting for a wake or a slot
@@ -76,6 +77,7 @@ type grant struct {
 	err      error
 	target   *url.URL
 	tr       http.RoundTripper
+	nextTr   http.RoundTripper // a reload's new transport, used once the engine restarts
 	wakeWait time.Duration
 }
 
@@ -512,6 +514,10 @@ func (m *model) afterIdle() {
 		m.do(func() {
 			m.stopping, m.restart = false, false
 			m.oldSpec = m.spec
+			if m.nextTr != nil {
+				closeTransport(m.tr)
+				m.tr, m.nextTr = m.nextTr, nil
+			}
 			if m.retiring {
 				m.a.retired(m)
 				return

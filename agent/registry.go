@@ -158,6 +158,12 @@ func (a *Agent) transportFor(mc *config.Model, _ supervisor.Spec) http.RoundTrip
 // the model is idle, so no request is cut.
 func (m *model) reconfigure(mc *config.Model, spec supervisor.Spec, now time.Time) {
 	specChanged := !reflect.DeepEqual(spec, m.spec)
+	if mc.Transport != m.cfg.Transport || mc.Address != m.cfg.Address {
+		// The running engine keeps its transport until it is restarted.
+		closeTransport(m.nextTr)
+		m.nextTr = m.a.transportFor(mc, spec)
+		specChanged = true
+	}
 	m.cfg = mc
 	m.machine.Reload(now, policyOf(mc))
 	if specChanged {
@@ -187,6 +193,7 @@ func (m *model) retire() {
 func (a *Agent) retired(m *model) {
 	a.metrics.Forget(m.name)
 	closeTransport(m.tr)
+	closeTransport(m.nextTr)
 	m.log.Info("model removed")
 	m.shutdown()
 }
