@@ -81,6 +81,7 @@ type Agent struct {
 	notify     notifier
 	measured   atomic.Pointer[measurement]
 	statusKick chan struct{}
+	unrelieved string         // the pressure last reported unrelieved (ticker goroutine only)
 	loops      sync.WaitGroup // model owner loops
 	helpers    sync.WaitGroup // ticker, status, engine events
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -167,8 +168,16 @@ func (a *Agent) plan(ctx context.Context) {
 	a.learnFootprints(in)
 	res := planner.Plan(in)
 	a.act(in, res.Decisions)
-	for _, u := range res.Unrelieved {
-		a.log.Warn("memory pressure not relieved", "why", u)
+	// Pressure that nothing can relieve is logged when it starts or
+	// changes, not every round.
+	unrelieved := strings.Join(res.Unrelieved, "; ")
+	if unrelieved != a.unrelieved {
+		if unrelieved != "" {
+			a.log.Warn("memory pressure not relieved", "why", unrelieved)
+		} else {
+			a.log.Info("memory pressure relieved")
+		}
+		a.unrelieved = unrelieved
 	}
 }
 
