@@ -77,7 +77,6 @@ type grant struct {
 	err      error
 	target   *url.URL
 	tr       http.RoundTripper
-	nextTr   http.RoundTripper // a reload's new transport, used once the engine restarts
 	wakeWait time.Duration
 }
 
