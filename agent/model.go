@@ -32,6 +32,10 @@ type model struct {
 	stop chan struct{} // closed (once, by shutdown) to end the loop
 	quit chan struct{} // closed when the loop has ended
 	once sync.Once
+	// opMu serialises the supervisor calls for this model: a wake the
+	// machine gave up on may still be finishing (or cleaning up) when the
+	// next attempt starts.
+	opMu sync.Mutex
 	snap atomic.Pointer[modelSnap]
 
 	// ---- owned by the loop ----
@@ -51,6 +55,7 @@ type model struct {
 	retiring bool               // removed by a reload: stop once the leases end
 	restart  bool               // spec changed by a reload: restart once idle
 	stopping bool               // the engine is being stopped for a reload
+	stale    bool               // the engine may run but does not answer: stop it before the next wake
 	seen     lifecycle.Snapshot // the state last announced
 }
 
@@ -390,21 +395,37 @@ func (m *model) startWake(op lifecycle.Op, attempt int) {
 	m.wokeAt = m.now()
 	spec := m.spec
 	verify := verifyOf(m.tr)
+	stale := m.stale
+	m.stale = false
 	m.log.Info("waking", "attempt", attempt, "of", m.cfg.WakeAttempts)
 	go func() {
 		defer cancel()
+		m.opMu.Lock()
 		err := m.a.makeRoom(ctx, m.name)
 		var noRoom *gateway.Refusal
 		if errors.As(err, &noRoom) {
+			m.opMu.Unlock()
 			m.do(func() { m.noRoom(op, noRoom) })
 			return
+		}
+		if err == nil && stale {
+			m.log.Info("stopping an engine that stopped answering, before waking it")
+			m.stopEngine(spec)
 		}
 		if err == nil {
 			err = m.a.sup.WakeVerified(ctx, spec, verify)
 		}
 		if err != nil {
 			m.a.metrics.Wakes.WithLabelValues(m.name, wakeResult(err)).Inc()
+			var exit *supervisor.ExitError
+			if !errors.As(err, &exit) {
+				// A failed attempt leaves the engine in an unknown state
+				// (hung, half loaded, still asleep): the next one starts
+				// from a stopped engine.
+				m.stopEngine(spec)
+			}
 		}
+		m.opMu.Unlock()
 		m.do(func() {
 			if op == m.wakeOp {
 				m.wakeStop = nil
@@ -416,6 +437,17 @@ func (m *model) startWake(op lifecycle.Op, attempt int) {
 			m.publish()
 		})
 	}()
+}
+
+// stopEngine stops the engine outside the lifecycle's sleeps: after a
+// failed wake, or before waking an engine that stopped answering. The
+// caller holds opMu.
+func (m *model) stopEngine(spec supervisor.Spec) {
+	ctx, cancel := context.WithTimeout(m.a.ctx, m.cfg.StopTimeout+10*time.Second)
+	defer cancel()
+	if err := m.a.sup.Sleep(ctx, spec, config.SleepStop); err != nil {
+		m.log.Warn("stopping the engine", "err", err)
+	}
 }
 
 // noRoom handles a wake that cannot fit in GPU memory: not the engine's
@@ -456,7 +488,9 @@ func (m *model) startSleep(op lifecycle.Op, req lifecycle.SleepRequest) {
 	go func() {
 		ctx, cancel := context.WithTimeout(m.a.ctx, m.cfg.StopTimeout+m.cfg.DrainTimeout+30*time.Second)
 		defer cancel()
+		m.opMu.Lock()
 		err := m.a.sup.Sleep(ctx, spec, strategy)
+		m.opMu.Unlock()
 		m.do(func() {
 			d := m.machine.SleepDone(m.now(), op, err, m.evidence())
 			if err == nil {
@@ -505,11 +539,9 @@ func (m *model) afterIdle() {
 	m.stopping = true
 	spec := m.oldSpec
 	go func() {
-		ctx, cancel := context.WithTimeout(m.a.ctx, m.cfg.StopTimeout+10*time.Second)
-		defer cancel()
-		if err := m.a.sup.Sleep(ctx, spec, config.SleepStop); err != nil {
-			m.log.Warn("stopping engine after reload", "err", err)
-		}
+		m.opMu.Lock()
+		m.stopEngine(spec)
+		m.opMu.Unlock()
 		m.do(func() {
 			m.stopping, m.restart = false, false
 			m.oldSpec = m.spec
@@ -544,12 +576,18 @@ func (m *model) tick() {
 // instance older than the current wake is old news and must not fail it:
 // a worker's dead session and its process exit arrive separately.
 func (m *model) engineExited(reason string, at time.Time) {
-	if m.machine.Snapshot().State == lifecycle.Waking && at.Before(m.wokeAt) {
+	if m.exitIsStale(at) {
 		m.log.Debug("engine exit from before this wake ignored", "reason", reason)
 		return
 	}
 	m.apply(m.machine.EngineExited(m.now(), reason, m.evidence()), nil)
 	m.publish()
+}
+
+// exitIsStale reports a notice about an engine instance from before the
+// wake in flight (the process's own exit event may have started it).
+func (m *model) exitIsStale(at time.Time) bool {
+	return m.machine.Snapshot().State == lifecycle.Waking && at.Before(m.wokeAt)
 }
 
 // requestSleep asks the machine for a sleep (planner or operator).

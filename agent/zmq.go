@@ -164,7 +164,14 @@ func (z *zmqEngine) onState(st client.State, err error) {
 	if m == nil {
 		return
 	}
-	go m.do(func() { m.engineExited(reason, at) }) // OnState must not block
+	go m.do(func() { // OnState must not block
+		// A worker that went silent may still run: stop it before the
+		// next wake rather than wait on it for a whole wake_timeout.
+		if !m.exitIsStale(at) {
+			m.stale = true
+		}
+		m.engineExited(reason, at)
+	})
 }
 
 // Close ends the connection for good (model removed, napd stopping).

@@ -275,3 +275,49 @@ environment = { PYTHONDONTWRITEBYTECODE = "1" }
 		t.Errorf("napctl status: %v\n%s", err, out)
 	}
 }
+
+// A worker that hangs but stays alive (SIGSTOP) is declared dead after the
+// heartbeat bound: the request in flight gets 502, and the next request
+// does not wait on the hung process for a whole wake_timeout: napd stops it
+// and starts a new one.
+func TestZMQ_HungWorkerIsReplaced(t *testing.T) {
+	worker := harness.IPCAddress(t, "hung")
+	n := harness.Start(t, harness.Options{
+		Models: workerModel(t, "echo", worker) + "stop_timeout = \"1s\"\n",
+		Policy: "wake_timeout = \"60s\"\n",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	if resp, body, err := n.Post(ctx, "/v1/chat/completions", chatWords("echo", false, 2)); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: %v %v %s", err, resp, body)
+	}
+	hung := workerPID(t, worker)
+	if err := syscall.Kill(hung, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(hung, syscall.SIGKILL) })
+
+	stopped := time.Now()
+	resp, body, err := n.Post(ctx, "/v1/chat/completions", chatWords("echo", false, 2))
+	if err != nil || resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("request to the hung worker: %v %v %s", err, resp, body)
+	}
+	if took := time.Since(stopped); took > 15*time.Second {
+		t.Errorf("502 took %s: longer than the heartbeat bound", took)
+	}
+
+	woke := time.Now()
+	resp, body, err = n.Post(ctx, "/v1/chat/completions", chatWords("echo", false, 2))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("request after the hang: %v %v %s", err, resp, body)
+	}
+	if took := time.Since(woke); took > 20*time.Second {
+		t.Errorf("the replacement took %s: napd waited on the hung worker", took)
+	}
+	if err := syscall.Kill(hung, 0); err == nil {
+		t.Errorf("the hung worker (pid %d) still exists", hung)
+	}
+	if pid := workerPID(t, worker); pid == hung {
+		t.Errorf("still served by the hung pid %d", pid)
+	}
+}
