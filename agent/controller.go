@@ -11,6 +11,8 @@ import (
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/supervisor/process"
+	"github.com/napd/napd/supervisor/systemd"
 )
 
 // The Agent is the control API's Controller.
@@ -166,6 +168,23 @@ func (a *Agent) Reset(name string) error {
 		m.publish()
 	})
 	return nil
+}
+
+// Logs implements control.Controller: the exec backend keeps each
+// engine's output under state_dir/logs; under systemd it is in the
+// journal of the engine's unit. napd itself never logs engine output.
+func (a *Agent) Logs(name string, lines int) ([]string, error) {
+	m, err := a.model(name)
+	if err != nil {
+		return nil, err
+	}
+	switch b := a.backend.(type) {
+	case *process.Backend:
+		return b.Tail(m.name, lines)
+	case *systemd.Backend:
+		return nil, fmt.Errorf("the output of %s is in the journal: journalctl -u %s", m.name, m.snap.Load().spec.UnitName())
+	}
+	return nil, fmt.Errorf("the %s backend keeps no engine output", a.backend.Name())
 }
 
 // Subscribe implements control.Controller.

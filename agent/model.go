@@ -504,17 +504,14 @@ func (m *model) startSleep(op lifecycle.Op, req lifecycle.SleepRequest) {
 	}()
 }
 
+// sleepLabel is a sleep's reason label: the planner's own (idle,
+// gpu-pressure, make-room, …), else an operator's (napctl, or a reload
+// restarting the engine).
 func sleepLabel(req lifecycle.SleepRequest) string {
 	if req.Cause != "" {
 		return req.Cause
 	}
-	switch req.Reason {
-	case lifecycle.IdleTimeout:
-		return "idle"
-	case lifecycle.Operator:
-		return "operator"
-	}
-	return "memory-pressure"
+	return "operator"
 }
 
 // afterIdle finishes a reload's pending work once the model is idle: a

@@ -87,6 +87,20 @@ func (c *Client) Reset(ctx context.Context, model string) error {
 	return c.simple(ctx, "/v1/models/"+url.PathEscape(model)+"/reset")
 }
 
+// Logs returns the last lines of model's engine output.
+func (c *Client) Logs(ctx context.Context, model string, lines int) ([]string, error) {
+	resp, err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/models/%s/logs?lines=%d", url.PathEscape(model), lines))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var l Logs
+	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+		return nil, fmt.Errorf("logs: %w", err)
+	}
+	return l.Lines, nil
+}
+
 // Reload asks napd to re-read its config file.
 func (c *Client) Reload(ctx context.Context) error {
 	return c.simple(ctx, "/v1/reload")

@@ -65,6 +65,14 @@ func (f *fakeController) Reload() error {
 	return nil
 }
 
+func (f *fakeController) Logs(model string, n int) ([]string, error) {
+	if model != "m" {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, model)
+	}
+	lines := []string{"loading", "listening", "ready"}
+	return lines[max(0, len(lines)-n):], nil
+}
+
 func (f *fakeController) Subscribe() (<-chan Event, func()) {
 	return f.events, func() {}
 }
@@ -176,5 +184,19 @@ func TestClient_NoDaemon(t *testing.T) {
 	_, err := c.Status(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "is napd running?") {
 		t.Errorf("err = %v", err)
+	}
+}
+
+func TestClient_Logs(t *testing.T) {
+	c := serve(t, &fakeController{})
+	lines, err := c.Logs(context.Background(), "m", 2)
+	if err != nil || strings.Join(lines, ",") != "listening,ready" {
+		t.Fatalf("logs = %v, %v", lines, err)
+	}
+	if _, err := c.Logs(context.Background(), "ghost", 2); err == nil || !strings.Contains(err.Error(), "no such model") {
+		t.Errorf("unknown model: %v", err)
+	}
+	if _, err := c.Logs(context.Background(), "m", 0); err == nil || !strings.Contains(err.Error(), "lines") {
+		t.Errorf("0 lines: %v", err)
 	}
 }

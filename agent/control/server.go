@@ -58,6 +58,7 @@ func Handler(c Controller, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/models/{model}/wake", s.wake)
 	mux.HandleFunc("POST /v1/models/{model}/sleep", s.sleep)
 	mux.HandleFunc("POST /v1/models/{model}/reset", s.reset)
+	mux.HandleFunc("GET /v1/models/{model}/logs", s.logs)
 	mux.HandleFunc("GET /v1/events", s.events)
 	mux.HandleFunc("POST /v1/reload", s.reload)
 	return mux
@@ -122,6 +123,23 @@ func (s *server) sleep(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) reset(w http.ResponseWriter, r *http.Request) {
 	s.reply(w, s.c.Reset(r.PathValue("model")))
+}
+
+func (s *server) logs(w http.ResponseWriter, r *http.Request) {
+	n := 50
+	if v := r.URL.Query().Get("lines"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > 100000 {
+			writeJSON(w, http.StatusBadRequest, Error{"lines: want a number from 1 to 100000"})
+			return
+		}
+	}
+	lines, err := s.c.Logs(r.PathValue("model"), n)
+	if err != nil {
+		s.reply(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, Logs{Lines: lines})
 }
 
 func (s *server) reload(w http.ResponseWriter, _ *http.Request) {

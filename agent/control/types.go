@@ -8,6 +8,7 @@
 //	POST /v1/models/{model}/wake         NDJSON stream of Progress, ending with Done
 //	POST /v1/models/{model}/sleep        ?strategy=stop|vllm-l1|… (default: the model's)
 //	POST /v1/models/{model}/reset        clears failed
+//	GET  /v1/models/{model}/logs         ?lines=N: the engine's last output lines
 //	GET  /v1/events                      NDJSON stream of Event
 //	POST /v1/reload                      reload the config file (as SIGHUP)
 package control
@@ -102,8 +103,16 @@ type Controller interface {
 	Reset(model string) error
 	// Reload re-reads the config file.
 	Reload() error
+	// Logs returns the last lines of the engine's output (exec backend;
+	// under systemd the error says which journal holds it).
+	Logs(model string, lines int) ([]string, error)
 	// Subscribe streams events until cancel is called.
 	Subscribe() (events <-chan Event, cancel func())
+}
+
+// Logs is the body of a logs reply.
+type Logs struct {
+	Lines []string `json:"lines"`
 }
 
 // Error is the body of every non-2xx reply.

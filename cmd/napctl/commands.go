@@ -211,6 +211,28 @@ func (c *cli) reset(ctx context.Context, args []string) error {
 	return nil
 }
 
+func (c *cli) logs(ctx context.Context, args []string) error {
+	n := 50
+	rest, err := c.subFlags("logs", "logs MODEL [-n N]", args, func(fs *flag.FlagSet) {
+		fs.IntVar(&n, "n", 50, "number of lines")
+	})
+	if err != nil {
+		return err
+	}
+	model, err := oneModel("logs", rest)
+	if err != nil {
+		return err
+	}
+	lines, err := c.client().Logs(ctx, model, n)
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		fmt.Fprintln(c.out, l)
+	}
+	return nil
+}
+
 func (c *cli) reload(ctx context.Context, args []string) error {
 	if _, err := c.subFlags("reload", "reload", args, nil); err != nil {
 		return err

@@ -23,6 +23,7 @@ Commands:
   wake MODEL                    wake a model and wait until it serves
   sleep MODEL [--strategy S]    put a model to sleep (S: stop, vllm-l1, vllm-l2, sglang)
   reset MODEL                   clear a failed model so it can be woken again
+  logs MODEL [-n N]             the engine's last output lines (exec supervisor)
   events [-f]                   print state changes (-f: keep following)
   reload                        re-read napd's config file (like systemctl reload napd)
   config check [FILE]           validate a config file (default: --config)
@@ -96,6 +97,8 @@ func (c *cli) dispatch(ctx context.Context, cmd string, rest []string) error {
 		return c.sleep(ctx, rest)
 	case "reset":
 		return c.reset(ctx, rest)
+	case "logs":
+		return c.logs(ctx, rest)
 	case "events":
 		return c.events(ctx, rest)
 	case "reload":

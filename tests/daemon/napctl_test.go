@@ -87,6 +87,17 @@ environment = { VLLM_SERVER_DEV_MODE = "1" }`, "--startup-delay", "200ms", "--sl
 		}
 	})
 
+	t.Run("logs", func(t *testing.T) {
+		// m was woken above: its engine's output says where it listens.
+		out := napctl(t, true, "logs", "m", "-n", "20")
+		if !strings.Contains(out, "msg=listening") {
+			t.Errorf("napctl logs m: %q", out)
+		}
+		if out := napctl(t, false, "logs", "ghost"); !strings.Contains(out, "no such model") {
+			t.Errorf("napctl logs ghost: %q", out)
+		}
+	})
+
 	t.Run("reset", func(t *testing.T) {
 		if out := napctl(t, true, "reset", "bad"); strings.TrimSpace(out) != "bad: reset" {
 			t.Errorf("reset output %q", out)
@@ -197,7 +208,7 @@ environment = { VLLM_SERVER_DEV_MODE = "1" }`, "--startup-delay", "200ms", "--sl
 	})
 
 	t.Run("help", func(t *testing.T) {
-		for _, c := range [][]string{{"status"}, {"wake"}, {"sleep"}, {"reset"}, {"events"}, {"reload"}, {"config", "check"}} {
+		for _, c := range [][]string{{"status"}, {"wake"}, {"sleep"}, {"reset"}, {"logs"}, {"events"}, {"reload"}, {"config", "check"}} {
 			out := napctl(t, true, append(c, "--help")...)
 			if !strings.HasPrefix(out, "usage: napctl "+strings.Join(c, " ")) {
 				t.Errorf("%s --help: %q", strings.Join(c, " "), out)
