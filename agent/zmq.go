@@ -38,13 +38,20 @@ type zmqEngine struct {
 	address string
 	log     *slog.Logger
 	closed  atomic.Bool
-	upAt    atomic.Int64 // Unix ns when the current (or last) session came up
-	mu      sync.Mutex   // serialises the dial against Close
+	session atomic.Pointer[zmqSession] // the current (or last) session; nil before the first
+	lost    atomic.Int64               // number of the last session whose death was applied
+	mu      sync.Mutex                 // serialises the dial against Close
 	c       atomic.Pointer[client.Client]
 }
 
 func (a *Agent) newZMQEngine(mc *config.Model) *zmqEngine {
 	return &zmqEngine{a: a, model: mc.Name, address: mc.Address, log: a.log.With("model", mc.Name)}
+}
+
+// zmqSession is one connection to a worker instance.
+type zmqSession struct {
+	n    int64     // sessions of this engine so far, counting this one
+	upAt time.Time // when it came up: it dates the worker instance
 }
 
 // RoundTrip implements http.RoundTripper through the worker's client.
@@ -57,7 +64,15 @@ func (z *zmqEngine) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, &client.DeadError{Address: z.address, Reason: "not connected yet"}
 	}
-	return c.RoundTrip(req)
+	s := z.session.Load()
+	resp, err := c.RoundTrip(req)
+	if errors.As(err, new(*client.DeadError)) {
+		// The lifecycle learns of the death before this 502 goes out
+		// (OnState reports it concurrently), so a client that retries at
+		// once finds the model waking, not still awake on a dead session.
+		z.sessionLost(s, err, true)
+	}
+	return resp, err
 }
 
 // ready is the wake verification of a worker, in place of an HTTP health
@@ -145,16 +160,23 @@ func waitForSocket(ctx context.Context, address string) error {
 // flight have already failed with *client.DeadError (502).
 func (z *zmqEngine) onState(st client.State, err error) {
 	if st == client.Connected {
-		z.upAt.Store(z.a.clock().UnixNano())
+		var n int64
+		if prev := z.session.Load(); prev != nil {
+			n = prev.n
+		}
+		z.session.Store(&zmqSession{n: n + 1, upAt: z.a.clock()})
 		return
 	}
-	if z.closed.Load() {
+	z.sessionLost(z.session.Load(), err, false) // OnState must not block
+}
+
+// sessionLost has the model's loop apply the death of session s, and waits
+// until it did when wait is set. OnState and each request that failed with
+// the session report it; the loop applies it once.
+func (z *zmqEngine) sessionLost(s *zmqSession, err error, wait bool) {
+	if z.closed.Load() || s == nil {
 		return
 	}
-	// The session's start dates the worker instance that died: a wake that
-	// began after it (started by the process's own exit event, which may
-	// come first) is not failed by this late notice.
-	at := time.Unix(0, z.upAt.Load())
 	reason := "worker session lost"
 	var dead *client.DeadError
 	if errors.As(err, &dead) {
@@ -164,14 +186,27 @@ func (z *zmqEngine) onState(st client.State, err error) {
 	if m == nil {
 		return
 	}
-	go m.do(func() { // OnState must not block
+	apply := func() {
+		if z.lost.Load() >= s.n {
+			return
+		}
+		z.lost.Store(s.n)
+		// The session's start dates the worker instance that died: a wake
+		// that began after it (started by the process's own exit event,
+		// which may come first) is not failed by this late notice.
+		at := s.upAt
 		// A worker that went silent may still run: stop it before the
 		// next wake rather than wait on it for a whole wake_timeout.
 		if !m.exitIsStale(at) {
 			m.stale = true
 		}
 		m.engineExited(reason, at)
-	})
+	}
+	if wait {
+		m.call(apply)
+	} else {
+		go m.do(apply)
+	}
 }
 
 // Close ends the connection for good (model removed, napd stopping).

@@ -69,15 +69,21 @@ func (s *notifySocket) read() {
 		}
 		msg := string(buf[:n])
 		s.mu.Lock()
-		s.msgs = append(s.msgs, msg)
 		probe := s.onReady
 		s.mu.Unlock()
-		if probe != nil && hasLine(msg, "READY=1") {
-			r := probe()
-			s.mu.Lock()
-			s.probes = append(s.probes, r)
-			s.mu.Unlock()
+		// The probe's result is recorded with the message, not after it:
+		// whoever sees READY=1 in msgs sees what the probe found.
+		ready := probe != nil && hasLine(msg, "READY=1")
+		var r string
+		if ready {
+			r = probe()
 		}
+		s.mu.Lock()
+		if ready {
+			s.probes = append(s.probes, r)
+		}
+		s.msgs = append(s.msgs, msg)
+		s.mu.Unlock()
 	}
 }
 

@@ -38,12 +38,11 @@ func TestReload_ValidConfigUnderLoad(t *testing.T) {
 	}
 
 	load := startLoad(n, "keep", "change")
-	// A request for "gone" that holds its lease across the reload (30
-	// tokens at 20/s).
+	// A request for "gone" that holds its lease across the reload (60
+	// tokens at 20/s: 3s, ample for a reload on a busy machine).
 	held := make(chan result, 1)
-	go func() { held <- post(ctx, n, "gone", harness.Chat("gone", false, 30)) }()
-	n.WaitLog(`path=/v1/chat/completions model=gone status=200`, 5*time.Second) // the warm-up's line
-	time.Sleep(300 * time.Millisecond)
+	go func() { held <- post(ctx, n, "gone", harness.Chat("gone", false, 60)) }()
+	n.WaitLeases("gone", 1, 10*time.Second)
 
 	n.RewriteModels(demo("keep", "") + demo("change", "", "--ttft", "20ms") + demo("added", ""))
 	n.Signal(syscall.SIGHUP)

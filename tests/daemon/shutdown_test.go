@@ -37,15 +37,17 @@ func TestShutdown_SIGTERMUnderLoad(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = events.Process.Kill(); _ = events.Wait() })
 
-	// Streams of 20 tokens at 20/s (about 1s) and plain requests of the
+	// Streams of 60 tokens at 20/s (about 3s, so that none ends before the
+	// last one is under way on a busy machine) and plain requests of the
 	// same length, all under way when the signal comes.
+	const tokens = 60
 	var streams []*stream
 	for _, m := range []string{"a", "b", "a", "b"} {
-		streams = append(streams, startStream(n, m, 20))
+		streams = append(streams, startStream(n, m, tokens))
 	}
 	plain := make(chan result, 2)
 	for _, m := range []string{"a", "b"} {
-		go func() { plain <- post(ctx, n, m, harness.Chat(m, false, 20)) }()
+		go func() { plain <- post(ctx, n, m, harness.Chat(m, false, tokens)) }()
 	}
 	for _, s := range streams {
 		select {
@@ -54,7 +56,9 @@ func TestShutdown_SIGTERMUnderLoad(t *testing.T) {
 			t.Fatal("stream did not begin")
 		}
 	}
-	time.Sleep(100 * time.Millisecond) // the plain requests are under way too
+	// The plain requests are under way too: napd holds all six leases.
+	n.WaitLeases("a", 3, 10*time.Second)
+	n.WaitLeases("b", 3, 10*time.Second)
 	stopAt := time.Now()
 	n.Signal(syscall.SIGTERM)
 
@@ -65,7 +69,7 @@ func TestShutdown_SIGTERMUnderLoad(t *testing.T) {
 		}
 	}
 	for range 2 {
-		if r := <-plain; r.err != nil || r.status != http.StatusOK || strings.Count(r.body, "tok") < 20 {
+		if r := <-plain; r.err != nil || r.status != http.StatusOK || strings.Count(r.body, "tok") < tokens {
 			t.Errorf("in-flight request: %v", r)
 		}
 	}

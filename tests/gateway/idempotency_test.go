@@ -49,9 +49,18 @@ func TestIdempotency_JoinReplayAndCancel(t *testing.T) {
 
 	// The same key from a request that is cancelled mid-flight.
 	other := []string{"Idempotency-Key", "order-43"}
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if _, _, err := n.Post(cctx, "/v1/chat/completions", harness.Chat("m", false, 4), other...); err == nil {
+	cancelled := make(chan error, 1)
+	go func() {
+		_, _, err := n.Post(cctx, "/v1/chat/completions", harness.Chat("m", false, 4), other...)
+		cancelled <- err
+	}()
+	// Cancelled once the engine runs it (its answer is 1s away), not after
+	// a fixed time that a busy machine may spend before it gets there.
+	eventually(t, 10*time.Second, "request to cancel running", func() bool { return eng.stats(t).Running == 1 })
+	cancel()
+	if err := <-cancelled; err == nil {
 		t.Fatal("the cancelled request got an answer")
 	}
 	eventually(t, 5*time.Second, "cancelled lease released", func() bool { return modelStatus(t, n, "m").Leases == 0 })
