@@ -8,6 +8,7 @@ import (
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
@@ -86,7 +87,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		t, err := m.admit(ctx, gateway.Admission{Model: m.name, Client: "napctl", Kind: gateway.KindOther})
+		t, err := m.admit(ctx, gateway.Admission{Model: m.name, Client: "napctl", Kind: lease.KindOther})
 		if err == nil {
 			t.Done(gateway.Outcome{})
 		}

@@ -172,7 +172,7 @@ func (m *model) evidence() lease.Evidence {
 
 // admit takes a lease and waits for a slot; see gateway.Models.Admit.
 func (m *model) admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket, error) {
-	req := lease.Request{Model: m.name, Client: a.Client, Kind: lease.Kind(a.Kind), Stream: a.Stream, Key: a.IdempotencyKey}
+	req := lease.Request{Model: m.name, Client: a.Client, Kind: a.Kind, Stream: a.Stream, Key: a.IdempotencyKey}
 	var adm lease.Admission
 	for {
 		var err error

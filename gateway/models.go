@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // Models is what the gateway asks of napd's model layer. The agent implements
@@ -26,23 +28,12 @@ type Models interface {
 	QueueDepth(model string) int
 }
 
-// Kind classifies a request for its lease.
-type Kind string
-
-// Request kinds.
-const (
-	KindChat       Kind = "chat"
-	KindCompletion Kind = "completion"
-	KindEmbedding  Kind = "embedding"
-	KindOther      Kind = "other"
-)
-
 // Admission describes a request asking for a slot. It carries no body,
 // prompt or credential.
 type Admission struct {
 	Model          string
 	Client         string // the API key's name, or "" when keys are off
-	Kind           Kind
+	Kind           lease.Kind
 	Stream         bool
 	IdempotencyKey string // "" when none
 }

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // requestFields are the only parts of a body the gateway reads.
@@ -45,14 +47,14 @@ func parseTimeout(s string) (time.Duration, error) {
 }
 
 // kindOf classifies a request by its engine path.
-func kindOf(path string) Kind {
+func kindOf(path string) lease.Kind {
 	switch path {
 	case "/v1/chat/completions":
-		return KindChat
+		return lease.KindChat
 	case "/v1/completions":
-		return KindCompletion
+		return lease.KindCompletion
 	case "/v1/embeddings":
-		return KindEmbedding
+		return lease.KindEmbedding
 	}
-	return KindOther
+	return lease.KindOther
 }
