@@ -42,7 +42,7 @@ type model struct {
 	cfg      *config.Model
 	spec     supervisor.Spec
 	oldSpec  supervisor.Spec // the spec the running engine was started with
-	target   *url.URL
+	target   *url.URL        // the running engine's root (from oldSpec)
 	tr       http.RoundTripper
 	nextTr   http.RoundTripper // a reload's new transport, used once the engine restarts
 	machine  *lifecycle.Machine
@@ -97,12 +97,18 @@ func newModel(a *Agent, cfg *config.Model, spec supervisor.Spec, tr http.RoundTr
 		spec:    spec,
 		oldSpec: spec,
 		tr:      tr,
-		target:  &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(spec.Port)},
+		target:  targetOf(spec),
 		machine: lifecycle.New(now, policyOf(cfg)),
 	}
 	m.lastUsed = now
 	m.publish()
 	return m
+}
+
+// targetOf is the root URL of the engine started with spec. Granted
+// requests hold the pointer: it is replaced, never changed.
+func targetOf(spec supervisor.Spec) *url.URL {
+	return &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(spec.Port)}
 }
 
 // policyOf maps a model's config onto the lifecycle's policy. The idle
@@ -431,7 +437,7 @@ func (m *model) startWake(op lifecycle.Op, attempt int) {
 				m.wakeStop = nil
 			}
 			if err == nil {
-				m.oldSpec = spec
+				m.oldSpec, m.target = spec, targetOf(spec)
 			}
 			m.apply(m.machine.WakeDone(m.now(), op, err, m.evidence()), nil)
 			m.publish()
@@ -541,7 +547,7 @@ func (m *model) afterIdle() {
 		m.opMu.Unlock()
 		m.do(func() {
 			m.stopping, m.restart = false, false
-			m.oldSpec = m.spec
+			m.oldSpec, m.target = m.spec, targetOf(m.spec)
 			if m.nextTr != nil {
 				closeTransport(m.tr)
 				m.tr, m.nextTr = m.nextTr, nil

@@ -42,17 +42,26 @@ func (r *registry) resolve(name string) (*model, bool) {
 // reconfigured; new ones get a loop.
 func (a *Agent) buildRegistry(cfg *config.Config, old *registry) (*registry, error) {
 	r := &registry{byName: make(map[string]*model), aliases: make(map[string]string)}
-	now := a.clock()
-	for _, mc := range cfg.Models {
-		var prev *model
-		if old != nil {
-			prev = old.byName[mc.Name]
+	prevOf := func(name string) *model {
+		if old == nil {
+			return nil
 		}
-		port, err := a.portFor(mc, prev)
+		return old.byName[name]
+	}
+	// Ports first: the only step that can fail, so a failure leaves the
+	// running models untouched and starts no loop.
+	ports := make([]int, len(cfg.Models))
+	for i, mc := range cfg.Models {
+		p, err := a.portFor(mc, prevOf(mc.Name))
 		if err != nil {
 			return nil, err
 		}
-		spec := specOf(mc, port)
+		ports[i] = p
+	}
+	now := a.clock()
+	for i, mc := range cfg.Models {
+		prev := prevOf(mc.Name)
+		spec := specOf(mc, ports[i])
 		var m *model
 		if prev != nil {
 			m = prev
@@ -168,7 +177,6 @@ func (m *model) reconfigure(mc *config.Model, spec supervisor.Spec, now time.Tim
 	m.machine.Reload(now, policyOf(mc))
 	if specChanged {
 		m.spec = spec
-		m.target.Host = fmt.Sprintf("127.0.0.1:%d", spec.Port)
 		m.restart = true
 		m.log.Info("engine settings changed: the engine restarts once idle")
 		m.afterIdle()
