@@ -114,6 +114,15 @@ func TestParse_Errors(t *testing.T) {
 		{"alias with space", "[models.a]\n" + minimal + "aliases = [\"my model\"]\n", 3, "models.a.aliases", "space"},
 		{"two models on one port", "[models.a]\n" + minimal + "port = 8101\n[models.b]\n" + minimal + "port = 8101\n", 6, "models.b.port", "port 8101 is already used by model a"},
 		{"listen clash with gateway", "[models.a]\n" + minimal + "listen = \"127.0.0.1:8080\"\n", 3, "models.a.listen", "already used by gateway.listen"},
+		{"model port is the gateway's", "[models.a]\n" + minimal + "port = 8080\n", 3, "models.a.port", "port 8080 is napd's own: gateway.listen (127.0.0.1:8080) listens on it"},
+		{"model port is the metrics'", "[models.a]\n" + minimal + "port = 9464\n", 3, "models.a.port", "agent.metrics_listen (127.0.0.1:9464)"},
+		{"model port is another model's listen", "[models.a]\n" + minimal + "port = 8200\n[models.b]\n" + minimal + "listen = \"0.0.0.0:8200\"\n", 3, "models.a.port", "the listen of model b (0.0.0.0:8200)"},
+		{"unknown evidence", "[models.a]\n" + minimal + "evidence = \"vibes\"\n", 3, "models.a.evidence", `unknown value "vibes"`},
+		{"zmq with evidence", "[models.a]\ntransport = \"zmq\"\ncommand = [\"w\"]\naddress = \"ipc:///x\"\nevidence = \"connections\"\n", 5, "models.a.evidence", "reports its own activity"},
+		{"activity metrics without metrics", "[models.a]\n" + minimal + "evidence = \"connections\"\nactivity_metrics = [\"x\"]\n", 4, "models.a.activity_metrics", `not "connections"`},
+		{"bad metric name", "[models.a]\n" + minimal + "activity_metrics = [\"my-engine active\"]\n", 3, "models.a.activity_metrics", "bad metric name"},
+		{"zero health failures", "[policy]\nhealth_failures = 0\n", 2, "policy.health_failures", "out of range"},
+		{"negative health interval", "[models.a]\n" + minimal + "health_interval = \"-1s\"\n", 3, "models.a.health_interval", "must not be negative"},
 		{"bad user", "[models.a]\n" + minimal + "user = \"a b\"\n", 3, "models.a.user", "not a user name"},
 		{"syntax error", "[agent]\nsupervisor = \"auto\n", 2, "", ""},
 		{"duplicate key", "[agent]\nlog_level = \"info\"\nlog_level = \"debug\"\n", 3, "", "already been defined"},
@@ -174,6 +183,7 @@ arrival_while_draining = "refuse"
 wake_attempts = 2
 wake_timeout = "1m"
 allow_untracked_unload = true
+health_interval = "30s"
 
 [models.zeta]
 command = ["vllm", "serve", "--port", "${PORT}"]
@@ -193,6 +203,9 @@ listen = "127.0.0.1:18101"
 working_directory = "/srv"
 user = "napd"
 stop_timeout = "5s"
+evidence = "metrics"
+activity_metrics = ["myengine:active", "queue_depth"]
+health_failures = 5
 
 [models.alpha]
 unit = "alpha.service"
@@ -209,6 +222,8 @@ port = 8102
 		Transport: TransportHTTP, WorkingDirectory: "/srv", User: "napd", StopTimeout: 5 * time.Second,
 		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: ArrivalRefuse,
 		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
+		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
+		HealthInterval: 30 * time.Second, HealthFailures: 5,
 	}
 	if !reflect.DeepEqual(cfg.Models[0], want) {
 		t.Errorf("zeta =\n%+v\nwant\n%+v", cfg.Models[0], want)
@@ -216,7 +231,8 @@ port = 8102
 	alpha := cfg.Models[1]
 	if alpha.IdleTimeout != 5*time.Minute || alpha.WakeAttempts != 2 || alpha.Health != DefaultHealth ||
 		alpha.Sleep != SleepStop || alpha.MaxConcurrency != DefaultMaxConcurrency || alpha.Queue != DefaultQueue ||
-		alpha.StopTimeout != DefaultStopTimeout || alpha.Transport != TransportHTTP {
+		alpha.StopTimeout != DefaultStopTimeout || alpha.Transport != TransportHTTP ||
+		alpha.Evidence != EvidenceAuto || alpha.HealthInterval != 30*time.Second || alpha.HealthFailures != 3 {
 		t.Errorf("alpha did not get the defaults: %+v", alpha)
 	}
 }

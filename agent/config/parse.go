@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,6 +48,8 @@ func Default() *Config {
 			ArrivalWhileDraining: ArrivalCancelDrain,
 			WakeAttempts:         3,
 			WakeTimeout:          10 * time.Minute,
+			HealthInterval:       10 * time.Second,
+			HealthFailures:       3,
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -265,6 +269,8 @@ func policySchema(p *Policy) map[string]setter {
 		"wake_attempts":          setInt(&p.WakeAttempts, 1, 100),
 		"wake_timeout":           setDuration(&p.WakeTimeout, false),
 		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),
+		"health_interval":        setDuration(&p.HealthInterval, true),
+		"health_failures":        setInt(&p.HealthFailures, 1, 100),
 	}
 }
 
@@ -299,6 +305,8 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"working_directory": setString(&m.WorkingDirectory, absPath),
 		"user":              setString(&m.User, userName),
 		"stop_timeout":      setDuration(&m.StopTimeout, false),
+		"evidence":          setEnum(&m.Evidence, EvidenceAuto, EvidenceConnections, EvidenceMetrics, EvidenceLeases),
+		"activity_metrics":  setStrings(&m.ActivityMetrics, metricName),
 	})
 	return schema
 }
@@ -313,6 +321,7 @@ func newModel(name string) *Model {
 		MaxConcurrency: DefaultMaxConcurrency,
 		Queue:          DefaultQueue,
 		StopTimeout:    DefaultStopTimeout,
+		Evidence:       EvidenceAuto,
 	}
 }
 
@@ -324,6 +333,8 @@ func (m *Model) setPolicy(p Policy) {
 	m.WakeAttempts = p.WakeAttempts
 	m.WakeTimeout = p.WakeTimeout
 	m.AllowUntrackedUnload = p.AllowUntrackedUnload
+	m.HealthInterval = p.HealthInterval
+	m.HealthFailures = p.HealthFailures
 }
 
 // decl is a decoded model with the table it came from, for checks that
@@ -361,7 +372,7 @@ func (d *decoder) models(t *table, cfg *Config) []*Model {
 		d.checkModel(m, mt)
 		decls = append(decls, decl{m, mt})
 	}
-	d.checkUnique(decls, cfg.Gateway.Listen)
+	d.checkUnique(decls, cfg)
 	models := make([]*Model, len(decls))
 	for i, dc := range decls {
 		models[i] = dc.m
@@ -385,6 +396,9 @@ func (d *decoder) checkModel(m *Model, t *table) {
 		if !hasAddr {
 			d.add(t.line, t.path, `transport = "zmq" needs address`)
 		}
+		if m.Evidence != EvidenceAuto {
+			d.add(d.keyLine(t, "evidence"), child(t.path, "evidence"), `a transport = "zmq" worker reports its own activity: leave evidence at "auto"`)
+		}
 		// The vLLM and SGLang strategies call HTTP endpoints a ZMQ worker has not.
 		if m.Sleep != SleepStop && m.Sleep != SleepNone {
 			d.add(d.keyLine(t, "sleep"), child(t.path, "sleep"), fmt.Sprintf(`sleep = %q needs an HTTP engine: a transport = "zmq" worker sleeps by "stop" or "none"`, m.Sleep))
@@ -401,6 +415,20 @@ func (d *decoder) checkModel(m *Model, t *table) {
 				"port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it")
 		}
 	}
+	if _, set := t.keys["activity_metrics"]; set && m.Evidence != EvidenceAuto && m.Evidence != EvidenceMetrics {
+		d.add(d.keyLine(t, "activity_metrics"), child(t.path, "activity_metrics"),
+			fmt.Sprintf(`only used with evidence = "auto" or "metrics", not %q`, m.Evidence))
+	}
+}
+
+// addrPort is the port of a HOST:PORT address, 0 when it has none.
+func addrPort(addr string) int {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(port)
+	return n
 }
 
 func mentionsPort(m *Model) bool {
@@ -418,8 +446,10 @@ func mentionsPort(m *Model) bool {
 }
 
 // checkUnique reports names, aliases, ports and listen addresses that two
-// models (or a model and the gateway) claim.
-func (d *decoder) checkUnique(decls []decl, gatewayListen []string) {
+// models (or a model and the gateway) claim. A model's port must not be a
+// port napd itself listens on (the gateway, the metrics, a model's own
+// socket): the engine could not bind it, or napd would forward to itself.
+func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 	isModel := map[string]bool{}
 	for _, dc := range decls {
 		isModel[dc.m.Name] = true
@@ -427,8 +457,23 @@ func (d *decoder) checkUnique(decls []decl, gatewayListen []string) {
 	aliasOwner := map[string]string{}
 	portOwner := map[int]string{}
 	listenOwner := map[string]string{}
-	for _, l := range gatewayListen {
+	listenPort := map[int]string{} // napd's own listen ports, for the engines' ports
+	addListen := func(addr, owner string) {
+		if p := addrPort(addr); p != 0 {
+			if _, dup := listenPort[p]; !dup {
+				listenPort[p] = owner + " (" + addr + ")"
+			}
+		}
+	}
+	for _, l := range cfg.Gateway.Listen {
 		listenOwner[l] = "gateway.listen"
+		addListen(l, "gateway.listen")
+	}
+	addListen(cfg.Agent.MetricsListen, "agent.metrics_listen")
+	for _, dc := range decls {
+		if dc.m.Listen != "" {
+			addListen(dc.m.Listen, "the listen of model "+dc.m.Name)
+		}
 	}
 	for _, dc := range decls {
 		m := dc.m
@@ -447,11 +492,14 @@ func (d *decoder) checkUnique(decls []decl, gatewayListen []string) {
 			}
 		}
 		if m.Port != 0 && m.Transport == TransportHTTP {
+			line, k := key("port")
 			if owner, dup := portOwner[m.Port]; dup {
-				line, k := key("port")
 				d.add(line, k, fmt.Sprintf("port %d is already used by model %s", m.Port, owner))
 			} else {
 				portOwner[m.Port] = m.Name
+			}
+			if owner, ok := listenPort[m.Port]; ok {
+				d.add(line, k, fmt.Sprintf("port %d is napd's own: %s listens on it", m.Port, owner))
 			}
 		}
 		if m.Listen != "" {

@@ -34,6 +34,18 @@ const (
 	TransportZMQ  = "zmq"
 )
 
+// Evidence sources for models.NAME.evidence: what proves a model idle
+// besides napd's own leases.
+const (
+	// EvidenceAuto: the engine's activity metrics when it publishes them,
+	// else the connections to its port.
+	EvidenceAuto        = "auto"
+	EvidenceConnections = "connections"
+	EvidenceMetrics     = "metrics"
+	// EvidenceLeases: napd's leases only; allow_untracked_unload decides.
+	EvidenceLeases = "leases"
+)
+
 // Config is a loaded, validated configuration.
 type Config struct {
 	// Path is the file it was read from.
@@ -72,6 +84,8 @@ type Policy struct {
 	WakeAttempts         int
 	WakeTimeout          time.Duration
 	AllowUntrackedUnload bool
+	HealthInterval       time.Duration // 0 = awake engines are not probed
+	HealthFailures       int
 }
 
 // Pressure is the [pressure] table.
@@ -105,6 +119,8 @@ type Model struct {
 	WorkingDirectory string
 	User             string
 	StopTimeout      time.Duration
+	Evidence         string   // one of the Evidence* constants
+	ActivityMetrics  []string // metric names whose sum counts work in flight
 
 	// Effective policy: the model's own value, else [policy]'s.
 	IdleTimeout          time.Duration
@@ -113,4 +129,6 @@ type Model struct {
 	WakeAttempts         int
 	WakeTimeout          time.Duration
 	AllowUntrackedUnload bool
+	HealthInterval       time.Duration
+	HealthFailures       int
 }

@@ -340,6 +340,17 @@ func hostPort(s string) error {
 	return nil
 }
 
+// metricName checks a Prometheus metric name (engines use ':' too, as in
+// "vllm:num_requests_running").
+func metricName(s string) error {
+	if !validMetricName.MatchString(s) {
+		return fmt.Errorf("bad metric name %q (want letters, digits, '_' and ':', not starting with a digit)", s)
+	}
+	return nil
+}
+
+var validMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
+
 // zmqAddress checks a ZeroMQ endpoint napd can connect to across processes.
 func zmqAddress(s string) error {
 	for _, scheme := range []string{"ipc://", "tcp://"} {
