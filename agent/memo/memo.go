@@ -11,10 +11,13 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
-	"path/filepath"
 	"sync"
+
+	"github.com/napd/napd/internal/statefile"
 )
+
+// maxSize bounds a store's file: a number per model is a few dozen bytes.
+const maxSize = 1 << 20
 
 // Store is one file of remembered numbers. It is safe for concurrent use.
 type Store struct {
@@ -28,7 +31,7 @@ type Store struct {
 // corrupt one is an error (the operator should see it, not lose it silently).
 func Open(path string) (*Store, error) {
 	s := &Store{path: path, bytes: make(map[string]int64)}
-	data, err := os.ReadFile(s.path)
+	data, err := statefile.Read(s.path, maxSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil
 	}
@@ -86,32 +89,5 @@ func (s *Store) write(m map[string]int64) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.path, err)
 	}
-	dir := filepath.Dir(s.path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(s.path)+".*")
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.path, err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	_, err = tmp.Write(append(data, '\n'))
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), s.path)
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", s.path, err)
-	}
-	// The rename is durable only once the directory is synced.
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
+	return statefile.Write(s.path, append(data, '\n'), 0o644)
 }

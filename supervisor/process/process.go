@@ -69,9 +69,12 @@ type Backend struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
+	groupsPath string // <state_dir>/engines.json
+
 	mu      sync.Mutex
 	engines map[string]*engine
 	logs    map[string]*logFile
+	groups  map[string]groupRecord // running engines' groups, as in groupsPath
 	closed  bool
 }
 
@@ -89,7 +92,9 @@ type engine struct {
 	reason   string
 }
 
-// New returns a backend that keeps logs under opts.StateDir/logs.
+// New returns a backend that keeps logs under opts.StateDir/logs. Before it
+// returns, it kills what engines of a previous napd left running (see
+// groupsFile).
 func New(opts Options) (*Backend, error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("exec backend: no state directory")
@@ -108,16 +113,20 @@ func New(opts Options) (*Backend, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Backend{
-		opts:    opts,
-		log:     log.With("backend", "exec"),
-		fs:      hostFS,
-		logDir:  logDir,
-		events:  make(chan supervisor.Event, 64),
-		quit:    make(chan struct{}),
-		engines: make(map[string]*engine),
-		logs:    make(map[string]*logFile),
-	}, nil
+	b := &Backend{
+		opts:       opts,
+		log:        log.With("backend", "exec"),
+		fs:         hostFS,
+		logDir:     logDir,
+		groupsPath: filepath.Join(opts.StateDir, groupsFile),
+		events:     make(chan supervisor.Event, 64),
+		quit:       make(chan struct{}),
+		engines:    make(map[string]*engine),
+		logs:       make(map[string]*logFile),
+		groups:     make(map[string]groupRecord),
+	}
+	b.reapRemains()
+	return b, nil
 }
 
 // Name is "exec".
@@ -229,6 +238,12 @@ func (b *Backend) spawn(spec supervisor.Spec) (*engine, error) {
 		return nil, err
 	}
 	e := &engine{pid: cmd.Process.Pid, done: make(chan struct{}), stopTimeout: spec.StopTimeout, state: supervisor.ProcRunning}
+	// Recorded before anything else can happen to the group; a leader
+	// already gone (no record) is reaped with its group by wait.
+	if r, err := b.fs.record(e.pid); err == nil {
+		b.groups[spec.Model] = r
+		b.saveGroups()
+	}
 	copied := make(chan struct{})
 	b.wg.Add(2)
 	go func() {
@@ -252,11 +267,15 @@ func (b *Backend) wait(model string, cmd *exec.Cmd, e *engine, pr *os.File, copi
 		reason = cmd.ProcessState.String()
 	}
 	_ = syscall.Kill(-e.pid, syscall.SIGKILL)
-	b.awaitGroupGone(e.pid)
+	b.awaitGone(func() []int { return b.fs.groupPIDs(e.pid) }, "pgid", e.pid)
 	_ = pr.SetReadDeadline(time.Now().Add(outputGrace))
 	<-copied
 
 	b.mu.Lock()
+	if r, ok := b.groups[model]; ok && r.PGID == e.pid {
+		delete(b.groups, model)
+		b.saveGroups()
+	}
 	state := supervisor.ProcFailed
 	if e.stopping {
 		state = supervisor.ProcStopped
@@ -276,13 +295,13 @@ func (b *Backend) wait(model string, cmd *exec.Cmd, e *engine, pr *os.File, copi
 	b.emit(supervisor.Event{Model: model, State: state, Reason: reason, Time: at})
 }
 
-// awaitGroupGone waits, bounded, until no live process is left in the group
-// after it was sent SIGKILL. The kernel gives no event for that, so it looks.
-func (b *Backend) awaitGroupGone(pgid int) {
+// awaitGone waits, bounded, until live lists no process after they were
+// sent SIGKILL. The kernel gives no event for that, so it looks.
+func (b *Backend) awaitGone(live func() []int, attrs ...any) {
 	deadline := time.Now().Add(groupGoneWait)
-	for len(b.fs.groupPIDs(pgid)) > 0 {
+	for len(live()) > 0 {
 		if time.Now().After(deadline) {
-			b.log.Warn("engine processes survive SIGKILL", "pgid", pgid, "pids", b.fs.groupPIDs(pgid))
+			b.log.Warn("engine processes survive SIGKILL", append(attrs, "pids", live())...)
 			return
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -2,6 +2,7 @@ package process
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,13 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/supervisor"
 	"github.com/napd/napd/supervisor/internal/fakeengine"
 )
 
 // envCrashingNapd makes the test binary play napd: start one engine with
-// the exec backend, write the engine's PID to the named directory, and wait
-// to be killed.
+// the exec backend in the named directory (its state_dir), an engine that
+// spawns a grandchild, write the engine's PID to engine.pid and the
+// grandchild's to grandchild.pid there, and wait to be killed.
 const envCrashingNapd = "NAPD_TEST_CRASHING_NAPD"
 
 func TestMain(m *testing.M) {
@@ -37,7 +40,7 @@ func crashingNapd(dir string) int {
 	if err == nil {
 		err = b.Start(context.Background(), supervisor.Spec{
 			Model: "orphan", Command: []string{os.Args[0]},
-			Environment: fakeengine.Env(nil),
+			Environment: fakeengine.Env(map[string]string{fakeengine.EnvGrandchildPIDFile: filepath.Join(dir, "grandchild.pid")}),
 		})
 	}
 	if err == nil {
@@ -450,15 +453,19 @@ func TestLogName(t *testing.T) {
 	}
 }
 
-func TestBackend_EngineDiesWithCrashedNapd(t *testing.T) {
-	dir := t.TempDir()
+// crashNapd runs a napd with one engine and its grandchild in state_dir
+// dir, and SIGKILLs it; it returns the PIDs of the engine and grandchild.
+func crashNapd(t *testing.T, dir string) (engine, grandchild int) {
+	t.Helper()
 	napd := exec.Command(os.Args[0])
 	napd.Env = append(os.Environ(), envCrashingNapd+"="+dir)
 	napd.Stderr = os.Stderr
 	if err := napd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	engine := readPIDFile(t, filepath.Join(dir, "engine.pid"))
+	engine = readPIDFile(t, filepath.Join(dir, "engine.pid"))
+	grandchild = readPIDFile(t, filepath.Join(dir, "grandchild.pid"))
+	t.Cleanup(func() { _ = syscall.Kill(grandchild, syscall.SIGKILL) })
 	if !alive(engine) {
 		t.Fatal("engine not running")
 	}
@@ -467,6 +474,11 @@ func TestBackend_EngineDiesWithCrashedNapd(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = napd.Wait()
+	return engine, grandchild
+}
+
+func TestBackend_EngineDiesWithCrashedNapd(t *testing.T) {
+	engine, _ := crashNapd(t, t.TempDir())
 	deadline := time.Now().Add(10 * time.Second)
 	for alive(engine) {
 		if time.Now().After(deadline) {
@@ -474,5 +486,100 @@ func TestBackend_EngineDiesWithCrashedNapd(t *testing.T) {
 			t.Fatalf("engine %d outlived napd", engine)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// What an engine spawned survives a SIGKILLed napd (only the leader has
+// Pdeathsig); the next napd's backend kills it before it starts anything.
+func TestBackend_NewKillsRemainsOfCrashedNapd(t *testing.T) {
+	dir := t.TempDir()
+	engine, grandchild := crashNapd(t, dir)
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(engine) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !alive(grandchild) {
+		t.Fatal("the grandchild died with napd: the test shows nothing")
+	}
+	b := newBackend(t, Options{StateDir: dir})
+	if alive(grandchild) {
+		t.Fatalf("grandchild %d of the crashed napd's engine still runs after New", grandchild)
+	}
+	// Its record is gone with it: the next start finds nothing to do.
+	if groups, err := loadGroups(b.groupsPath); err != nil || len(groups) != 0 {
+		t.Errorf("groups after the clean-up: %v, %v", groups, err)
+	}
+}
+
+// A record only kills processes it provably names: same boot, in the
+// group, started no earlier than the leader, same user, and only from a
+// file napd itself could have written.
+func TestBackend_RemainsVerifiedBeforeKill(t *testing.T) {
+	start := func(t *testing.T) (int, groupRecord) {
+		t.Helper()
+		cmd := exec.Command("sleep", "600")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		r, err := hostFS.record(cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd.Process.Pid, r
+	}
+	write := func(t *testing.T, dir string, r groupRecord, perm os.FileMode) {
+		t.Helper()
+		data, _ := json.Marshal(map[string]groupRecord{"m": r})
+		if err := statefile.Write(filepath.Join(dir, groupsFile), data, perm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spare := func(name string, edit func(*groupRecord), perm os.FileMode) {
+		t.Run(name, func(t *testing.T) {
+			pid, r := start(t)
+			edit(&r)
+			dir := t.TempDir()
+			write(t, dir, r, perm)
+			newBackend(t, Options{StateDir: dir})
+			if !alive(pid) {
+				t.Errorf("process %d killed", pid)
+			}
+		})
+	}
+	spare("started before the leader", func(r *groupRecord) { r.Start++ }, 0o600)
+	spare("another boot", func(r *groupRecord) { r.Boot = "0-0" }, 0o600)
+	spare("another user", func(r *groupRecord) { r.UID++ }, 0o600)
+	spare("untrusted file", func(*groupRecord) {}, 0o666)
+	t.Run("verified", func(t *testing.T) {
+		pid, r := start(t)
+		dir := t.TempDir()
+		write(t, dir, r, 0o600)
+		newBackend(t, Options{StateDir: dir})
+		if alive(pid) {
+			t.Errorf("process %d of the recorded group survives", pid)
+		}
+	})
+}
+
+// A running engine is recorded, and the record goes when it exits.
+func TestBackend_GroupRecordedWhileRunning(t *testing.T) {
+	b := newBackend(t, Options{})
+	spec := fakeSpec(t, "rec", nil)
+	if err := b.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := b.Status(context.Background(), spec)
+	groups, err := loadGroups(b.groupsPath)
+	if err != nil || groups["rec"].PGID != st.PIDs[0] {
+		t.Fatalf("groups %v, %v; engine %v", groups, err, st.PIDs)
+	}
+	if err := b.Stop(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, b.Events(), "rec", supervisor.ProcStopped)
+	if groups, err := loadGroups(b.groupsPath); err != nil || len(groups) != 0 {
+		t.Errorf("groups after stop: %v, %v", groups, err)
 	}
 }

@@ -1,7 +1,10 @@
 package harness
 
 import (
+	"bytes"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -25,6 +28,39 @@ func Prepare(t testing.TB, o Options) *Napd {
 func (n *Napd) Launch(env ...string) {
 	n.t.Helper()
 	n.start(env)
+}
+
+// Kill SIGKILLs napd, as a crash would, and waits for it to exit. Launch
+// starts it again on the same config and state.
+func (n *Napd) Kill() {
+	n.t.Helper()
+	_ = n.Cmd.Process.Kill()
+	<-n.done
+}
+
+// MarkEnv is the environment variable Marked looks for.
+const MarkEnv = "NAPD_TEST_MARK"
+
+// Marked lists the live processes whose environment holds MarkEnv=mark: an
+// engine given that variable (a model's environment table) and everything it
+// spawned, grandchildren included.
+func Marked(mark string) []int {
+	want := []byte(MarkEnv + "=" + mark + "\x00")
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(append([]byte{0}, env...), append([]byte{0}, want...)) {
+			continue
+		}
+		// A zombie has no environment left to read, so it never gets here.
+		pids = append(pids, pid)
+	}
+	return pids
 }
 
 // RewriteModels replaces the [models.*] tables of napd's config file (all

@@ -158,7 +158,9 @@ func Start(t testing.TB, o Options) *Napd {
 
 func (n *Napd) start(env []string) {
 	t := n.t
-	n.log = &syncBuffer{}
+	if n.log == nil { // a restart after Kill keeps writing the same log
+		n.log = &syncBuffer{}
+	}
 	n.done = make(chan struct{})
 	n.Cmd = exec.Command(filepath.Join(Bin(t), "napd"), "--config", n.Config)
 	n.Cmd.Env = append(append(os.Environ(), "PATH="+Bin(t)+":"+os.Getenv("PATH")), env...)
