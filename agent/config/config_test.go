@@ -71,6 +71,8 @@ func TestParse_Errors(t *testing.T) {
 		{"size too large", "[gateway]\nmax_body = \"99999999999TiB\"\n", 2, "gateway.max_body", "too large"},
 		{"bad duration", "[gateway]\nrequest_timeout = \"10\"\n", 2, "gateway.request_timeout", "bad duration"},
 		{"negative duration", "[policy]\ndrain_timeout = \"-1s\"\n", 2, "policy.drain_timeout", "must not be negative"},
+		{"negative yield_after", "[policy]\nyield_after = \"-1s\"\n", 2, "policy.yield_after", "must not be negative"},
+		{"wake_progress not a boolean", "[models.a]\n" + minimal + "wake_progress = 1\n", 3, "models.a.wake_progress", "want a boolean"},
 		{"zero duration where meaningless", "[policy]\nwake_timeout = \"0\"\n", 2, "policy.wake_timeout", "must be greater than 0"},
 		{"duration not a string", "[policy]\nidle_timeout = 0\n", 2, "policy.idle_timeout", "want a duration string"},
 		{"unknown supervisor", "[agent]\nsupervisor = \"k8s\"\n", 2, "agent.supervisor", `unknown value "k8s"`},
@@ -184,6 +186,7 @@ wake_attempts = 2
 wake_timeout = "1m"
 allow_untracked_unload = true
 health_interval = "30s"
+yield_after = "10s"
 
 [models.zeta]
 command = ["vllm", "serve", "--port", "${PORT}"]
@@ -206,6 +209,8 @@ stop_timeout = "5s"
 evidence = "metrics"
 activity_metrics = ["myengine:active", "queue_depth"]
 health_failures = 5
+yield_after = "0"
+wake_progress = true
 
 [models.alpha]
 unit = "alpha.service"
@@ -223,7 +228,7 @@ port = 8102
 		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: ArrivalRefuse,
 		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
-		HealthInterval: 30 * time.Second, HealthFailures: 5,
+		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,
 	}
 	if !reflect.DeepEqual(cfg.Models[0], want) {
 		t.Errorf("zeta =\n%+v\nwant\n%+v", cfg.Models[0], want)
@@ -232,7 +237,8 @@ port = 8102
 	if alpha.IdleTimeout != 5*time.Minute || alpha.WakeAttempts != 2 || alpha.Health != DefaultHealth ||
 		alpha.Sleep != SleepStop || alpha.MaxConcurrency != DefaultMaxConcurrency || alpha.Queue != DefaultQueue ||
 		alpha.StopTimeout != DefaultStopTimeout || alpha.Transport != TransportHTTP ||
-		alpha.Evidence != EvidenceAuto || alpha.HealthInterval != 30*time.Second || alpha.HealthFailures != 3 {
+		alpha.Evidence != EvidenceAuto || alpha.HealthInterval != 30*time.Second || alpha.HealthFailures != 3 ||
+		alpha.YieldAfter != 10*time.Second || alpha.WakeProgress {
 		t.Errorf("alpha did not get the defaults: %+v", alpha)
 	}
 }

@@ -50,6 +50,7 @@ func Default() *Config {
 			WakeTimeout:          10 * time.Minute,
 			HealthInterval:       10 * time.Second,
 			HealthFailures:       3,
+			YieldAfter:           30 * time.Second,
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -271,6 +272,7 @@ func policySchema(p *Policy) map[string]setter {
 		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),
 		"health_interval":        setDuration(&p.HealthInterval, true),
 		"health_failures":        setInt(&p.HealthFailures, 1, 100),
+		"yield_after":            setDuration(&p.YieldAfter, true),
 	}
 }
 
@@ -307,6 +309,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"stop_timeout":      setDuration(&m.StopTimeout, false),
 		"evidence":          setEnum(&m.Evidence, EvidenceAuto, EvidenceConnections, EvidenceMetrics, EvidenceLeases),
 		"activity_metrics":  setStrings(&m.ActivityMetrics, metricName),
+		"wake_progress":     setBool(&m.WakeProgress),
 	})
 	return schema
 }
@@ -335,6 +338,7 @@ func (m *Model) setPolicy(p Policy) {
 	m.AllowUntrackedUnload = p.AllowUntrackedUnload
 	m.HealthInterval = p.HealthInterval
 	m.HealthFailures = p.HealthFailures
+	m.YieldAfter = p.YieldAfter
 }
 
 // decl is a decoded model with the table it came from, for checks that

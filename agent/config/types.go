@@ -86,6 +86,9 @@ type Policy struct {
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration // 0 = awake engines are not probed
 	HealthFailures       int
+	// YieldAfter is how long a busy model keeps admitting new requests
+	// after another model started waiting for its GPU memory.
+	YieldAfter time.Duration
 }
 
 // Pressure is the [pressure] table.
@@ -131,4 +134,9 @@ type Model struct {
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration
 	HealthFailures       int
+	YieldAfter           time.Duration
+
+	// WakeProgress: a streaming request that waits for this model's wake
+	// gets its 200 headers early and SSE comments until the first token.
+	WakeProgress bool
 }

@@ -108,6 +108,9 @@ func (m *Machine) Arrive(now time.Time) Decision {
 	case Awake, Unsupported:
 		return Decision{Action: Admit}
 	case Draining:
+		if m.sleep.Reason == Demand {
+			return Decision{Action: QueueForWake, Reason: "yielding the GPU to waiting requests: queued for the wake that follows"}
+		}
 		if m.policy.ArrivalWhileDraining == ArrivalRefuse {
 			return m.refuse(CodeModelDraining, "draining for sleep ("+m.sleep.Reason.String()+")")
 		}
@@ -138,11 +141,13 @@ func (m *Machine) LastLeaseEnded(now time.Time, leases lease.Evidence) Decision 
 }
 
 // RequestSleep handles a sleep request with its evidence. Engine-reported
-// work always declines it. An automatic one (IdleTimeout, MemoryPressure) is
-// also declined by live leases or an idle time under the idle minimum, and
-// without engine evidence (unless allow_untracked_unload) it moves the model
-// to Unsupported. An operator one drains live leases first. With no lease
-// live the sleep is issued at once.
+// work declines it, except a Demand one's while napd's own leases are live.
+// An automatic one (IdleTimeout, MemoryPressure) is also declined by live
+// leases or an idle time under the idle minimum, and without engine evidence
+// (unless allow_untracked_unload) it moves the model to Unsupported; a
+// Demand one is declined only by the missing evidence. Operator and Demand
+// ones drain live leases first. With no lease live the sleep is issued at
+// once.
 func (m *Machine) RequestSleep(now time.Time, req SleepRequest, ev Evidence) Decision {
 	switch m.state {
 	case Awake, Unsupported:
@@ -153,15 +158,17 @@ func (m *Machine) RequestSleep(now time.Time, req SleepRequest, ev Evidence) Dec
 	default:
 		return Decision{Action: Declined, Reason: "cannot sleep while " + m.state.String()}
 	}
-	if ev.Engine == EngineBusy {
+	if ev.Engine == EngineBusy && (req.Reason != Demand || ev.Leases.Active == 0) {
+		// A yielding holder's engine is busy with napd's own requests, which
+		// the drain waits for; without a lease the work is someone else's.
 		return Decision{Action: Declined, Reason: "engine reports requests running or waiting"}
 	}
 	if req.Reason != Operator {
-		if ev.Leases.Active > 0 {
+		if ev.Leases.Active > 0 && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("%d requests in flight", ev.Leases.Active)}
 		}
 		idle := now.Sub(later(ev.Leases.Since, m.awakeSince))
-		if idle < m.policy.IdleMinimum {
+		if idle < m.policy.IdleMinimum && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("idle for %s, under the idle minimum of %s",
 				idle.Round(time.Second), m.policy.IdleMinimum)}
 		}
@@ -217,6 +224,31 @@ func (m *Machine) WakeAborted(now time.Time, op Op, why string) Decision {
 	return Decision{Reason: m.reason}
 }
 
+// WaitingForRoom records that wake op waits for GPU memory before it
+// starts: why names the holders. The wait is bounded by the waiting
+// requests' deadlines (the caller ends it with RoomFound or WakeAborted),
+// not by wake_timeout: the wake's clock stops until room is found.
+func (m *Machine) WaitingForRoom(now time.Time, op Op, why string) Decision {
+	if m.state != Waking || op != m.op {
+		return Decision{Reason: fmt.Sprintf("stale room wait (op %d) ignored", op)}
+	}
+	m.wakeDeadline = time.Time{}
+	m.set(now, Waking, "waiting for GPU memory: "+why)
+	return Decision{Reason: m.reason}
+}
+
+// RoomFound starts wake op's clock again once its memory is free: the
+// wake_timeout and the measured wake duration count from now.
+func (m *Machine) RoomFound(now time.Time, op Op) Decision {
+	if m.state != Waking || op != m.op {
+		return Decision{Reason: fmt.Sprintf("stale room found (op %d) ignored", op)}
+	}
+	m.wakeStart = now
+	m.wakeDeadline = now.Add(m.policy.WakeTimeout)
+	m.set(now, Waking, "waking: GPU memory is free")
+	return Decision{Reason: m.reason}
+}
+
 // SleepDone handles the result of sleep op: nil means the engine sleeps. A
 // failed sleep leaves the engine in an unknown state: Unverified. Demand
 // that arrived meanwhile starts a wake at once.
@@ -267,7 +299,7 @@ func (m *Machine) Tick(now time.Time, leases lease.Evidence) Decision {
 			m.set(now, Awake, why)
 			return Decision{Action: AbandonDrain, Reason: why}
 		}
-	case m.state == Waking && !now.Before(m.wakeDeadline):
+	case m.state == Waking && !m.wakeDeadline.IsZero() && !now.Before(m.wakeDeadline):
 		return m.abandonWake(now, "timed out after "+m.policy.WakeTimeout.String(), leases)
 	}
 	return Decision{}

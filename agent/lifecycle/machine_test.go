@@ -660,3 +660,90 @@ func TestMachine_WakeAbortedForNoRoom(t *testing.T) {
 	_, d = b.arrive(lease.Request{Kind: lease.KindChat})
 	want(t, b.wakeDone(want(t, d, lifecycle.StartWake).Op, nil), lifecycle.AdmitWaiting)
 }
+
+// Demand (another model waits for the memory) skips the idle minimum that
+// guards against unloads nobody asked for, but not the proof of idleness.
+func TestMachine_DemandOverridesIdleMinimum(t *testing.T) {
+	b := newBox(t, policy, lifecycle.ReportServing)
+	id, _ := b.arrive(lease.Request{Kind: lease.KindChat})
+	b.finish(id, lease.Outcome{})
+	b.advance(time.Second)
+	want(t, b.sleep(lifecycle.MemoryPressure, lifecycle.EngineIdle), lifecycle.Declined)
+	d := want(t, b.sleep(lifecycle.Demand, lifecycle.EngineIdle), lifecycle.IssueSleep)
+	if d.Sleep.Reason != lifecycle.Demand {
+		t.Fatalf("sleep = %+v", d.Sleep)
+	}
+
+	b = newBox(t, policy, lifecycle.ReportServing)
+	d = want(t, b.sleep(lifecycle.Demand, lifecycle.EngineNoEvidence), lifecycle.Declined)
+	if !strings.Contains(d.Reason, "allow_untracked_unload") {
+		t.Fatalf("reason = %q, want the missing proof", d.Reason)
+	}
+	// Engine work without a napd lease is someone else's: declined.
+	b = newBox(t, policy, lifecycle.ReportServing)
+	want(t, b.sleep(lifecycle.Demand, lifecycle.EngineBusy), lifecycle.Declined)
+}
+
+// A busy holder yields: a Demand sleep drains its requests in flight, and
+// requests arriving meanwhile are queued for the wake that follows instead
+// of cancelling the drain. The drain completes on the requests in flight.
+func TestMachine_DemandDrainQueuesArrivals(t *testing.T) {
+	b := newBox(t, policy, lifecycle.ReportServing)
+	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	d := want(t, b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.Demand},
+		lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineBusy}), lifecycle.None)
+	b.wantState(lifecycle.Draining)
+	if !strings.Contains(d.Reason, "demand") {
+		t.Fatalf("reason = %q", d.Reason)
+	}
+	late, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	want(t, d, lifecycle.QueueForWake)
+	b.wantState(lifecycle.Draining)
+
+	// The stream ends; the queued request holds a lease but is not in
+	// flight, so the caller reports no lease in flight.
+	b.tr.End(b.now, stream, lease.Outcome{})
+	sl := want(t, b.m.LastLeaseEnded(b.now, lease.Evidence{}), lifecycle.IssueSleep)
+	// Asleep, the queued request wakes it again (it will wait for room).
+	want(t, b.sleepDone(sl.Op, nil), lifecycle.StartWake)
+	b.finish(late, lease.Outcome{Cancelled: true})
+}
+
+// While a wake waits for GPU memory its wake_timeout does not run; once
+// room is found it counts from then, and so does the measured wake time.
+func TestMachine_RoomWaitStopsTheWakeClock(t *testing.T) {
+	b := newBox(t, policy, lifecycle.ReportAsleep)
+	_, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	op := want(t, d, lifecycle.StartWake).Op
+	b.m.WaitingForRoom(b.now, op, "held by busy a (20.0 GiB)")
+	if s := b.wantState(lifecycle.Waking); !strings.Contains(s.Reason, "busy a") {
+		t.Fatalf("reason = %q", s.Reason)
+	}
+	b.advance(time.Hour)
+	want(t, b.tick(), lifecycle.None)
+	b.m.RoomFound(b.now, op)
+	b.advance(3 * time.Second)
+	want(t, b.wakeDone(op, nil), lifecycle.AdmitWaiting)
+	if s := b.m.Snapshot(); s.LastWake != 3*time.Second {
+		t.Fatalf("last wake = %s, want 3s (the room wait left out)", s.LastWake)
+	}
+	// Stale notices are ignored.
+	if d := b.m.RoomFound(b.now, op); !strings.Contains(d.Reason, "stale") {
+		t.Fatalf("stale RoomFound = %+v", d)
+	}
+	if d := b.m.WaitingForRoom(b.now, op, "x"); !strings.Contains(d.Reason, "stale") {
+		t.Fatalf("stale WaitingForRoom = %+v", d)
+	}
+
+	// Once room is found, wake_timeout runs again.
+	b = newBox(t, policy, lifecycle.ReportAsleep)
+	_, d = b.arrive(lease.Request{Kind: lease.KindChat})
+	op = want(t, d, lifecycle.StartWake).Op
+	b.m.WaitingForRoom(b.now, op, "held by busy a")
+	b.m.RoomFound(b.now, op)
+	b.advance(policy.WakeTimeout)
+	want(t, b.tick(), lifecycle.StartWake) // attempt 1 failed; the lease still waits: the next one
+	if s := b.m.Snapshot(); s.Attempts != 1 {
+		t.Fatalf("attempts = %d, want 1 after the timeout", s.Attempts)
+	}
+}

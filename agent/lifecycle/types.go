@@ -122,6 +122,14 @@ const (
 	// idleness (the operator takes that responsibility) and drains live
 	// leases instead of being declined by them.
 	Operator
+	// Demand: another model's waiting requests need the memory (the
+	// planner's room plan). It skips the idle minimum, which only guards
+	// against unloads nobody asked for, but keeps the proof of idleness;
+	// live leases are drained (the holder yields), and requests arriving
+	// during the drain are queued for the wake that follows instead of
+	// cancelling it. The caller's lease evidence for a Demand drain counts
+	// the requests in flight, not the ones queued behind the drain.
+	Demand
 )
 
 func (r SleepReason) String() string {
@@ -132,6 +140,8 @@ func (r SleepReason) String() string {
 		return "memory pressure"
 	case Operator:
 		return "operator request"
+	case Demand:
+		return "demand"
 	}
 	return fmt.Sprintf("SleepReason(%d)", int(r))
 }

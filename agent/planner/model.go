@@ -88,6 +88,18 @@ type Model struct {
 	// HostBytes is the measured host memory of the engine (its cgroup);
 	// 0 = not measured.
 	HostBytes int64
+	// YieldAfter is how long the model, busy, keeps admitting new requests
+	// after another model started waiting for its memory (yield_after).
+	YieldAfter time.Duration
+	// Learned is what napd measured of the model's recent work.
+	Learned Learned
+}
+
+// Learned is the typical duration of a model's recent wakes and requests
+// (0 = none measured yet), for Retry-After and timely yields.
+type Learned struct {
+	Wake    time.Duration
+	Request time.Duration
 }
 
 // GPU is one device's memory. Devices that do not report memory are left

@@ -32,6 +32,10 @@ const (
 	ReasonHostPressure Reason = "host-pressure"
 	ReasonPSIPressure  Reason = "psi-pressure"
 	ReasonMakeRoom     Reason = "make-room"
+	// ReasonYield: a busy holder stops admitting and sleeps once its
+	// requests end, because another model waited yield_after for its
+	// memory.
+	ReasonYield Reason = "yield"
 )
 
 // Decision is one model to put to sleep, why, and the figures behind it.
@@ -143,6 +147,10 @@ func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 		verb = "stop " + m.Name + " instead of " + m.Sleep + " sleep (host memory is short)"
 	}
 	d.Message = fmt.Sprintf("%s: %s; idle %s", verb, why, d.IdleFor.Round(time.Second))
+	if m.Leases.Active > 0 {
+		d.IdleFor = 0
+		d.Message = fmt.Sprintf("%s: %s; %d in flight", verb, why, m.Leases.Active)
+	}
 	p.chosen[m.Name] = true
 	p.decisions = append(p.decisions, d)
 	return d
