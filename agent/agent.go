@@ -390,6 +390,9 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 		MaxBody:        cfg.Gateway.MaxBody,
 		RequestTimeout: cfg.Gateway.RequestTimeout,
 		APIKeys:        keys,
+		Routes:         gatewayRoutes(cfg.Gateway.Routes),
+		ListAliases:    cfg.Gateway.ListAliases,
+		CORSOrigins:    cfg.Gateway.CORSOrigins,
 		Logger:         a.log,
 		Observe: func(model string, status int, _ time.Duration) {
 			if model != "" {
@@ -401,6 +404,14 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 	a.handler.Store(&h)
 	a.gw.Store(gw)
 	return nil
+}
+
+func gatewayRoutes(rs []config.Route) []gateway.Route {
+	out := make([]gateway.Route, len(rs))
+	for i, r := range rs {
+		out[i] = gateway.Route{Method: r.Method, Path: r.Path}
+	}
+	return out
 }
 
 // modelHandler is the handler of a model's dedicated socket.

@@ -348,7 +348,11 @@ func (g *gatewayModels) Admit(ctx context.Context, a gateway.Admission) (*gatewa
 		return nil, &gateway.Refusal{Status: http.StatusNotFound, Code: "model_not_found",
 			Message: fmt.Sprintf("model %q does not exist", a.Model)}
 	}
-	return m.admit(ctx, a)
+	t, err := m.admit(ctx, a)
+	if t != nil && t.Target != nil {
+		t.ServedName = m.snap.Load().cfg.ServedName
+	}
+	return t, err
 }
 
 // QueueDepth implements gateway.Models.

@@ -44,6 +44,16 @@ type call struct {
 	cancelled bool // the response is not complete (left, deadline, engine error)
 	replayed  bool
 
+	anthropic   bool // an Anthropic route: errors in Anthropic's shape
+	corsAllowed bool // napd set the CORS headers of an allowed origin
+
+	// For served_name: the model name or alias the client sent ("" when
+	// the request was not routed by a name it carries), whether it came in
+	// ?model=, and the engine's name for the model once admitted.
+	requested string
+	byQuery   bool
+	served    string
+
 	// Set for the proxy: where to send the request and with what.
 	ticket        *Ticket
 	path, rawPath string
@@ -83,7 +93,7 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 			c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", fields.Model))
 			return
 		}
-		c.model = model
+		c.model, c.requested = model, fields.Model
 	}
 	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
 	c.stream = err == nil && fields.Stream
@@ -254,6 +264,12 @@ func (c *call) replay(t *Ticket) {
 func (c *call) proxy(ctx context.Context, r *http.Request, body []byte, t *Ticket, capture bool) {
 	c.ticket = t
 	c.w.capture = capture
+	if t.ServedName != "" && c.requested != "" {
+		c.served = t.ServedName
+		if !c.byQuery {
+			body = setModel(body, c.served)
+		}
+	}
 	complete := false
 	defer func() {
 		c.cancelled = !complete
@@ -283,7 +299,8 @@ func (c *call) abort() {
 	panic(http.ErrAbortHandler)
 }
 
-// listModels serves GET /v1/models.
+// listModels serves GET /v1/models: every model, each followed by its
+// aliases when Options.ListAliases is set.
 func (c *call) listModels(r *http.Request) {
 	if r.Method != http.MethodGet {
 		c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on /v1/models")
@@ -292,21 +309,31 @@ func (c *call) listModels(r *http.Request) {
 	infos := c.g.models.List()
 	list := modelList{Object: "list", Data: make([]modelEntry, 0, len(infos))}
 	for _, m := range infos {
-		list.Data = append(list.Data, c.g.entry(m))
+		list.Data = append(list.Data, c.g.entry(m, ""))
+		if c.g.opts.ListAliases {
+			for _, a := range m.Aliases {
+				list.Data = append(list.Data, c.g.entry(m, a))
+			}
+		}
 	}
 	c.writeValue(http.StatusOK, list)
 }
 
-// getModel serves GET /v1/models/<name or alias>.
+// getModel serves GET /v1/models/<name or alias>: the entry /v1/models
+// lists for that name.
 func (c *call) getModel(r *http.Request, name string) {
 	if r.Method != http.MethodGet {
 		c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on /v1/models/")
 		return
 	}
 	if model, ok := c.g.models.Resolve(name); ok {
+		alias := ""
+		if model != name && c.g.opts.ListAliases {
+			alias = name
+		}
 		for _, m := range c.g.models.List() {
 			if m.Name == model {
-				c.writeValue(http.StatusOK, c.g.entry(m))
+				c.writeValue(http.StatusOK, c.g.entry(m, alias))
 				return
 			}
 		}
@@ -331,17 +358,23 @@ type modelNapd struct {
 	State   string   `json:"state"`
 	Reason  string   `json:"reason,omitempty"`
 	Aliases []string `json:"aliases"`
+	AliasOf string   `json:"alias_of,omitempty"`
 }
 
-func (g *Gateway) entry(m ModelInfo) modelEntry {
-	aliases := m.Aliases
-	if aliases == nil {
-		aliases = []string{}
-	}
-	return modelEntry{
+// entry is m's /v1/models entry or, when alias is not "", the entry of
+// that alias of m.
+func (g *Gateway) entry(m ModelInfo, alias string) modelEntry {
+	e := modelEntry{
 		ID: m.Name, Object: "model", Created: g.created, OwnedBy: "napd",
-		Napd: modelNapd{State: m.State, Reason: m.Reason, Aliases: aliases},
+		Napd: modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases},
 	}
+	if alias != "" {
+		e.ID, e.Napd.AliasOf, e.Napd.Aliases = alias, m.Name, nil
+	}
+	if e.Napd.Aliases == nil {
+		e.Napd.Aliases = []string{}
+	}
+	return e
 }
 
 // errorBody is OpenAI's error shape.
@@ -356,8 +389,12 @@ type errorDetail struct {
 	Param   *string `json:"param"`
 }
 
-// fail writes an OpenAI-shaped error.
+// fail writes an OpenAI-shaped error, or Anthropic's shape on its routes.
 func (c *call) fail(status int, code, msg string) {
+	if c.anthropic {
+		c.failAnthropic(status, msg)
+		return
+	}
 	typ := "invalid_request_error"
 	if status >= 500 {
 		typ = "server_error"

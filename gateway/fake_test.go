@@ -27,6 +27,7 @@ type fakeModels struct {
 	admissions []Admission
 	depth      int
 	wake       time.Duration
+	served     string // the tickets' ServedName
 	// admit, when set, replaces the default (a ticket to target).
 	admit func(ctx context.Context, a Admission) (*Ticket, error)
 
@@ -67,12 +68,14 @@ func (f *fakeModels) QueueDepth(string) int {
 func (f *fakeModels) Admit(ctx context.Context, a Admission) (*Ticket, error) {
 	f.mu.Lock()
 	f.admissions = append(f.admissions, a)
-	admit, wake := f.admit, f.wake
+	admit, wake, served := f.admit, f.wake, f.served
 	f.mu.Unlock()
 	if admit != nil {
 		return admit(ctx, a)
 	}
-	return f.ticket(wake), nil
+	t := f.ticket(wake)
+	t.ServedName = served
+	return t, nil
 }
 
 // ticket is a ticket to target whose Done fails the test when called twice.

@@ -36,6 +36,20 @@ type Options struct {
 	Observe func(model string, status int, d time.Duration)
 	// Now reads the clock for durations; nil means time.Now.
 	Now func() time.Time
+	// Routes are paths outside /v1 routed to a model: POST by the JSON
+	// body's `model`, GET by the `model` query parameter.
+	Routes []Route
+	// ListAliases makes /v1/models list each alias as an entry of its own.
+	ListAliases bool
+	// CORSOrigins are the browser origins allowed ("*" is any); none means
+	// no CORS headers and no preflights answered.
+	CORSOrigins []string
+}
+
+// Route is a path outside /v1 the gateway routes to a model.
+type Route struct {
+	Method string // "POST": by the body's model; "GET": by ?model=
+	Path   string
 }
 
 // StatusClientClosed is the status reported to the log and to
@@ -51,6 +65,8 @@ type Gateway struct {
 	now     func() time.Time
 	created int64 // unix seconds, the "created" of every /v1/models entry
 	proxy   *httputil.ReverseProxy
+	routes  map[string]Route // by path
+	origins map[string]bool  // CORSOrigins
 }
 
 // New builds a Gateway that asks models for every admission.
@@ -64,11 +80,20 @@ func New(opts Options, models Models) *Gateway {
 	}
 	g.created = g.now().Unix()
 	g.proxy = g.newProxy()
+	g.routes = make(map[string]Route, len(opts.Routes))
+	for _, rt := range opts.Routes {
+		g.routes[rt.Path] = rt
+	}
+	g.origins = make(map[string]bool, len(opts.CORSOrigins))
+	for _, o := range opts.CORSOrigins {
+		g.origins[o] = true
+	}
 	return g
 }
 
 // Handler serves the shared gateway socket: /health, /v1/models, the
-// OpenAI POST routes (by the body's model) and /upstream/<model>/<path>.
+// OpenAI and Anthropic POST routes (by the body's model), the configured
+// Routes and /upstream/<model>/<path>.
 func (g *Gateway) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.serve(w, r, "")
@@ -86,11 +111,16 @@ func (g *Gateway) ModelHandler(model string) http.Handler {
 // serve runs one request: authentication, routing, and the single log line.
 // dedicated is the model of a dedicated socket, "" on the shared one.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string) {
-	c := &call{g: g, w: &recorder{ResponseWriter: w}, start: g.now(), model: dedicated}
+	c := &call{g: g, w: &recorder{ResponseWriter: w}, start: g.now(), model: dedicated,
+		anthropic: isAnthropicPath(r.URL.Path)}
 	// Deferred without recover: an http.ErrAbortHandler panic (a cut
 	// stream, a client gone) must reach net/http, and still be logged.
 	defer c.finish(r)
 
+	// Before the key check: browsers send preflights without credentials.
+	if c.cors(r) {
+		return
+	}
 	if r.URL.Path == "/health" && r.Method == http.MethodGet {
 		c.writeJSON(http.StatusOK, healthBody)
 		return
@@ -123,6 +153,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 		}
 		c.forward(r, r.URL.Path, r.URL.RawPath, true)
 	default:
+		if rt, ok := g.routes[path]; ok {
+			c.route(r, rt)
+			return
+		}
 		c.fail(http.StatusNotFound, "not_found", "no route for "+path)
 	}
 }

@@ -47,6 +47,10 @@ type Ticket struct {
 	// transport tuned for the engine, or a ZMQ adapter).
 	Target    *url.URL
 	Transport http.RoundTripper
+	// ServedName, when not "", is the name the engine knows the model by
+	// (served_name): the request's model is rewritten to it and the
+	// answer's model mapped back to the name the client sent.
+	ServedName string
 	// WakeWait is how long this request waited for a wake (0 when none).
 	WakeWait time.Duration
 	// Replay is a stored response for a finished request with the same key.

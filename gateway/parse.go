@@ -49,11 +49,11 @@ func parseTimeout(s string) (time.Duration, error) {
 // kindOf classifies a request by its engine path.
 func kindOf(path string) lease.Kind {
 	switch path {
-	case "/v1/chat/completions":
+	case "/v1/chat/completions", "/v1/messages":
 		return lease.KindChat
-	case "/v1/completions":
+	case "/v1/completions", "/completion", "/infill":
 		return lease.KindCompletion
-	case "/v1/embeddings":
+	case "/v1/embeddings", "/embedding":
 		return lease.KindEmbedding
 	}
 	return lease.KindOther

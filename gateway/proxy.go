@@ -27,6 +27,15 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 				// napd's key is for napd, never for the engine.
 				pr.Out.Header.Del("Authorization")
 			}
+			if c.served != "" {
+				// The answer is mapped back, so it must come uncompressed.
+				pr.Out.Header.Del("Accept-Encoding")
+				if c.byQuery {
+					q := pr.Out.URL.Query()
+					q.Set("model", c.served)
+					pr.Out.URL.RawQuery = q.Encode()
+				}
+			}
 		},
 		Transport:     ticketTransport{},
 		FlushInterval: -1, // flush after every write: SSE chunks leave at once
@@ -35,8 +44,15 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 		ModifyResponse: func(resp *http.Response) error {
 			c := callOf(resp.Request.Context())
 			c.setModelHeaders(resp.Header)
-			if resp.StatusCode != http.StatusSwitchingProtocols {
-				resp.Body = &watchedBody{ReadCloser: resp.Body, c: c}
+			if c.corsAllowed {
+				dropEngineCORS(resp.Header)
+			}
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				return nil
+			}
+			resp.Body = &watchedBody{ReadCloser: resp.Body, c: c}
+			if c.served != "" {
+				return c.mapAnswer(resp)
 			}
 			return nil
 		},

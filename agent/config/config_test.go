@@ -126,6 +126,17 @@ func TestParse_Errors(t *testing.T) {
 		{"zero health failures", "[policy]\nhealth_failures = 0\n", 2, "policy.health_failures", "out of range"},
 		{"negative health interval", "[models.a]\n" + minimal + "health_interval = \"-1s\"\n", 3, "models.a.health_interval", "must not be negative"},
 		{"bad user", "[models.a]\n" + minimal + "user = \"a b\"\n", 3, "models.a.user", "not a user name"},
+		{"route without method", "[gateway]\nroutes = [\"/completion\"]\n", 2, "gateway.routes", `element 0: route "/completion": want "POST /path"`},
+		{"route with other method", "[gateway]\nroutes = [\"DELETE /slots\"]\n", 2, "gateway.routes", "want \"POST /path\""},
+		{"route on napd's path", "[gateway]\nroutes = [\"POST /v1/x\"]\n", 2, "gateway.routes", "one of napd's own paths"},
+		{"route on health", "[gateway]\nroutes = [\"GET /health\"]\n", 2, "gateway.routes", "one of napd's own paths"},
+		{"route with query", "[gateway]\nroutes = [\"GET /props?x=1\"]\n", 2, "gateway.routes", "must start with /"},
+		{"route twice", "[gateway]\nroutes = [\"POST /a\", \"GET /a\"]\n", 2, "gateway.routes", "element 1: path /a is already routed by element 0"},
+		{"cors origin with path", "[gateway]\ncors_origins = [\"https://a.example/app\"]\n", 2, "gateway.cors_origins", "bad origin"},
+		{"cors origin not canonical", "[gateway]\ncors_origins = [\"https://A.example/\"]\n", 2, "gateway.cors_origins", `write it as browsers send it: "https://a.example"`},
+		{"cors origin without scheme", "[gateway]\ncors_origins = [\"a.example\"]\n", 2, "gateway.cors_origins", "bad origin"},
+		{"list_aliases not a bool", "[gateway]\nlist_aliases = \"no\"\n", 2, "gateway.list_aliases", "want a boolean"},
+		{"empty served name", "[models.a]\n" + minimal + "served_name = \"\"\n", 3, "models.a.served_name", "must be non-empty"},
 		{"syntax error", "[agent]\nsupervisor = \"auto\n", 2, "", ""},
 		{"duplicate key", "[agent]\nlog_level = \"info\"\nlog_level = \"debug\"\n", 3, "", "already been defined"},
 	}
@@ -140,6 +151,27 @@ func TestParse_Errors(t *testing.T) {
 				t.Errorf("got %q (line %d, key %q)\nwant line %d, key %q, message containing %q", p.String(), p.Line, p.Key, tt.line, tt.key, tt.msg)
 			}
 		})
+	}
+}
+
+func TestParse_GatewayBreadth(t *testing.T) {
+	cfg := mustParse(t, `
+[gateway]
+routes = ["POST /completion", "GET /props", "POST /v2/generate"]
+list_aliases = false
+cors_origins = ["https://chat.example", "http://localhost:3000", "*"]
+`)
+	g := cfg.Gateway
+	want := []Route{{"POST", "/completion"}, {"GET", "/props"}, {"POST", "/v2/generate"}}
+	if !reflect.DeepEqual(g.Routes, want) || g.ListAliases ||
+		!reflect.DeepEqual(g.CORSOrigins, []string{"https://chat.example", "http://localhost:3000", "*"}) {
+		t.Errorf("gateway %+v", g)
+	}
+	if d := Default().Gateway; !d.ListAliases || len(d.CORSOrigins) != 0 || len(d.Routes) != 7 {
+		t.Errorf("defaults %+v", d)
+	}
+	if g := mustParse(t, "[gateway]\nroutes = []\n").Gateway; len(g.Routes) != 0 {
+		t.Errorf("routes = [] kept %v", g.Routes)
 	}
 }
 
@@ -203,6 +235,7 @@ queue = 0
 pinned = true
 environment = { VLLM_SERVER_DEV_MODE = "1" }
 listen = "127.0.0.1:18101"
+served_name = "Qwen/Qwen3-8B-AWQ"
 working_directory = "/srv"
 user = "napd"
 stop_timeout = "5s"
@@ -223,7 +256,7 @@ port = 8102
 		Name: "zeta", Command: []string{"vllm", "serve", "--port", "${PORT}"}, Port: 8101,
 		Aliases: []string{"default", "Qwen/Qwen3-8B"}, Health: "/healthz", Sleep: SleepVLLML1,
 		GPUs: []int{0, 1}, GPUMemory: 3 << 29, MaxConcurrency: 4, Queue: 0, Pinned: true,
-		Environment: map[string]string{"VLLM_SERVER_DEV_MODE": "1"}, Listen: "127.0.0.1:18101",
+		Environment: map[string]string{"VLLM_SERVER_DEV_MODE": "1"}, Listen: "127.0.0.1:18101", ServedName: "Qwen/Qwen3-8B-AWQ",
 		Transport: TransportHTTP, WorkingDirectory: "/srv", User: "napd", StopTimeout: 5 * time.Second,
 		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: ArrivalRefuse,
 		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,

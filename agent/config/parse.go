@@ -41,6 +41,9 @@ func Default() *Config {
 			Listen:         []string{"127.0.0.1:8080"},
 			MaxBody:        16 << 20,
 			RequestTimeout: 10 * time.Minute,
+			Routes:         DefaultRoutes(),
+			ListAliases:    true,
+			CORSOrigins:    []string{},
 		},
 		Policy: Policy{
 			IdleTimeout:          15 * time.Minute,
@@ -259,6 +262,9 @@ func gatewaySchema(g *Gateway) map[string]setter {
 		"max_body":        setSize(&g.MaxBody, false),
 		"request_timeout": setDuration(&g.RequestTimeout, false),
 		"api_keys_file":   setString(&g.APIKeysFile, optional(absPath)),
+		"routes":          setRoutes(&g.Routes),
+		"list_aliases":    setBool(&g.ListAliases),
+		"cors_origins":    setStrings(&g.CORSOrigins, corsOrigin),
 	}
 }
 
@@ -302,6 +308,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"pinned":            setBool(&m.Pinned),
 		"environment":       setEnvironment(&m.Environment),
 		"listen":            setString(&m.Listen, optional(hostPort)),
+		"served_name":       setString(&m.ServedName, servedName),
 		"transport":         setEnum(&m.Transport, TransportHTTP, TransportZMQ),
 		"address":           setString(&m.Address, zmqAddress),
 		"working_directory": setString(&m.WorkingDirectory, absPath),

@@ -74,6 +74,29 @@ type Gateway struct {
 	MaxBody        int64
 	RequestTimeout time.Duration
 	APIKeysFile    string
+	// Routes are the paths outside /v1 routed by model.
+	Routes      []Route
+	ListAliases bool
+	// CORSOrigins are the browser origins allowed; "*" is any.
+	CORSOrigins []string
+}
+
+// Route is one entry of gateway.routes: a path outside /v1 that the
+// gateway routes to a model, by the JSON body's `model` (POST) or by the
+// `?model=` query parameter (GET).
+type Route struct {
+	Method string // "POST" | "GET"
+	Path   string
+}
+
+// DefaultRoutes are llama.cpp's inference routes; its routes that change
+// the engine (POST /props, /slots) are left out on purpose.
+func DefaultRoutes() []Route {
+	return []Route{
+		{"POST", "/completion"}, {"POST", "/infill"}, {"POST", "/rerank"},
+		{"POST", "/embedding"}, {"POST", "/tokenize"}, {"POST", "/detokenize"},
+		{"GET", "/props"},
+	}
 }
 
 // Policy is the [policy] table: defaults every model inherits.
@@ -117,6 +140,7 @@ type Model struct {
 	Pinned           bool
 	Environment      map[string]string
 	Listen           string // optional dedicated gateway socket
+	ServedName       string // the name the engine knows the model by; "" = Name
 	Transport        string // "http" | "zmq"
 	Address          string // ZMQ address when Transport == "zmq"
 	WorkingDirectory string

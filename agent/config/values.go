@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/big"
 	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -237,6 +238,78 @@ func setStrings(dst *[]string, check func(string) error) setter {
 		*dst = out
 		return nil
 	}
+}
+
+// setRoutes decodes gateway.routes: "METHOD /path" strings, each once.
+func setRoutes(dst *[]Route) setter {
+	var specs []string
+	decode := setStrings(&specs, nil)
+	return func(raw any) error {
+		if err := decode(raw); err != nil {
+			return err
+		}
+		routes := make([]Route, 0, len(specs))
+		seen := map[string]int{}
+		for i, spec := range specs {
+			r, err := parseRoute(spec)
+			if err != nil {
+				return fmt.Errorf("element %d: %w", i, err)
+			}
+			if prev, dup := seen[r.Path]; dup {
+				return fmt.Errorf("element %d: path %s is already routed by element %d", i, r.Path, prev)
+			}
+			seen[r.Path] = i
+			routes = append(routes, r)
+		}
+		*dst = routes
+		return nil
+	}
+}
+
+// parseRoute reads "POST /completion" or "GET /props". napd's own paths
+// (/v1/…, /upstream/…, /health) are not the operator's to reroute.
+func parseRoute(spec string) (Route, error) {
+	method, path, ok := strings.Cut(spec, " ")
+	if !ok || (method != "POST" && method != "GET") {
+		return Route{}, fmt.Errorf("route %q: want \"POST /path\" (routed by the body's model) or \"GET /path\" (routed by ?model=)", spec)
+	}
+	switch {
+	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " ?#%") || hasControl(path):
+		return Route{}, fmt.Errorf("route %q: the path must start with / and hold no spaces, ?, # or %%", spec)
+	case path == "/v1" || strings.HasPrefix(path, "/v1/") || path == "/upstream" || strings.HasPrefix(path, "/upstream/") || path == "/health":
+		return Route{}, fmt.Errorf("route %q: %s is one of napd's own paths", spec, path)
+	}
+	return Route{Method: method, Path: path}, nil
+}
+
+// corsOrigin checks an origin as browsers send it in Origin:
+// scheme://host[:port], lower case, no path; or "*" for any origin.
+func corsOrigin(s string) error {
+	if s == "*" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
+		u.User != nil || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/") {
+		return fmt.Errorf("bad origin %q (want scheme://host[:port], e.g. \"https://chat.example.com\", or \"*\")", s)
+	}
+	if canon := u.Scheme + "://" + strings.ToLower(u.Host); canon != s {
+		return fmt.Errorf("origin %q: write it as browsers send it: %q", s, canon)
+	}
+	return nil
+}
+
+// servedName is a model name as an engine knows it: sent in JSON bodies,
+// form fields and query strings, so no control characters.
+func servedName(s string) error {
+	if s == "" || hasControl(s) {
+		return fmt.Errorf("served name %q must be non-empty and hold no control characters", s)
+	}
+	return nil
+}
+
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f })
 }
 
 // setCommand decodes an argv: at least the program, which is not empty.
