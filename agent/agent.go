@@ -68,22 +68,23 @@ type Agent struct {
 	handler atomic.Pointer[http.Handler]
 	gw      atomic.Pointer[gateway.Gateway]
 
-	tracker    *lease.Tracker
-	backend    supervisor.Backend
-	sup        *supervisor.Supervisor
-	gpu        gpu.Probe
-	host       host.Probe
-	scraper    enginemetrics.Scraper
-	footprints *memo.Store // learned GPU footprints
-	ports      *memo.Store // ports napd allocated for port = 0 models
-	metrics    *metrics.Metrics
-	hub        *hub
-	notify     notifier
-	measured   atomic.Pointer[measurement]
-	statusKick chan struct{}
-	unrelieved string         // the pressure last reported unrelieved (ticker goroutine only)
-	loops      sync.WaitGroup // model owner loops
-	helpers    sync.WaitGroup // ticker, status, engine events
+	tracker     *lease.Tracker
+	backend     supervisor.Backend
+	sup         *supervisor.Supervisor
+	gpu         gpu.Probe
+	host        host.Probe
+	scraper     enginemetrics.Scraper
+	footprints  *memo.Store // learned GPU footprints
+	ports       *memo.Store // ports napd allocated for port = 0 models
+	metrics     *metrics.Metrics
+	hub         *hub
+	notify      notifier
+	measured    atomic.Pointer[measurement]
+	gpuReadings gpuReadings
+	statusKick  chan struct{}
+	unrelieved  string         // the pressure last reported unrelieved (ticker goroutine only)
+	loops       sync.WaitGroup // model owner loops
+	helpers     sync.WaitGroup // ticker, status, engine events
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It

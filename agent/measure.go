@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -26,8 +28,73 @@ type measurement struct {
 	at      time.Time
 	host    host.Snapshot
 	haveMem bool
+	// gpus is this round's reading, or the last good one while it is
+	// recent (gpuFrom says which); empty when there is neither.
 	gpus    gpu.Snapshot
+	gpuFrom gpuSource
+	gpuNote string        // for refusals when gpuFrom is not gpuLive
+	totals  []planner.GPU // device totals of the last reading, for gpuFootprints
 	models  map[string]modelMeasure
+}
+
+// gpuReadingMaxAge is how long the last good GPU reading stands in for a
+// probe that fails; after that, fit-before-wake estimates free memory from
+// the learned footprints.
+const gpuReadingMaxAge = 15 * time.Second
+
+// gpuSource is where a round's GPU figures come from.
+type gpuSource int
+
+const (
+	gpuLive       gpuSource = iota // this round's reading
+	gpuRecent                      // the probe failed: the last good reading
+	gpuFootprints                  // the probe failed for long: estimated from footprints
+	gpuUnknown                     // the probe failed and there never was a reading
+)
+
+// gpuReadings keeps the last good GPU reading for the rounds whose probe
+// fails, and logs when the source of the figures changes. Rounds run at
+// once (the planner's and a wake's fit check), hence the mutex.
+type gpuReadings struct {
+	mu   sync.Mutex
+	last gpu.Snapshot
+	at   time.Time
+	from gpuSource
+	err  string // the failure last logged
+}
+
+// use fills ms's GPU figures from this round's probe result.
+func (r *gpuReadings) use(log *slog.Logger, ms *measurement, g gpu.Snapshot, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		if r.from != gpuLive {
+			log.Info("gpu probe works again")
+		}
+		r.last, r.at, r.from, r.err = g, ms.at, gpuLive, ""
+		ms.gpus, ms.gpuFrom = g, gpuLive
+		return
+	}
+	age := ms.at.Sub(r.at).Round(time.Second)
+	switch {
+	case r.at.IsZero():
+		ms.gpuFrom, ms.gpuNote = gpuUnknown, "the GPU probe fails and napd has no reading of the GPUs yet"
+	case age <= gpuReadingMaxAge:
+		ms.gpus, ms.gpuFrom = r.last, gpuRecent
+		ms.gpuNote = fmt.Sprintf("the GPU probe fails; checked against its last reading, %s old, and learned footprints", age)
+	default:
+		ms.gpuFrom = gpuFootprints
+		ms.gpuNote = fmt.Sprintf("the GPU probe fails since %s; free memory estimated from learned footprints", age)
+		for _, d := range r.last.Devices {
+			if d.HaveMemory {
+				ms.totals = append(ms.totals, planner.GPU{Index: d.Index, Total: d.Total, Free: d.Total})
+			}
+		}
+	}
+	if ms.gpuFrom != r.from || err.Error() != r.err {
+		log.Warn("gpu probe failed", "err", err, "fit_check", ms.gpuNote)
+	}
+	r.from, r.err = ms.gpuFrom, err.Error()
 }
 
 type modelMeasure struct {
@@ -48,11 +115,8 @@ func (a *Agent) measure(ctx context.Context) *measurement {
 	} else {
 		a.log.Debug("host probe", "err", err)
 	}
-	if g, err := a.gpu.Snapshot(ctx); err == nil {
-		ms.gpus = g
-	} else {
-		a.log.Warn("gpu probe", "err", err)
-	}
+	g, err := a.gpu.Snapshot(ctx)
+	a.gpuReadings.use(a.log, ms, g, err)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	pids := make(map[string][]int)
@@ -92,7 +156,7 @@ func (a *Agent) measure(ctx context.Context) *measurement {
 // planner's input.
 func (a *Agent) plannerInput(ms *measurement) planner.Input {
 	cfg := a.cfg.Load()
-	in := planner.Input{Now: ms.at, Pressure: cfg.Pressure}
+	in := planner.Input{Now: ms.at, Pressure: cfg.Pressure, GPUNote: ms.gpuNote, GPUUnknown: ms.gpuFrom == gpuUnknown}
 	if ms.haveMem {
 		in.Host = planner.Host{MemAvailable: ms.host.MemAvailable, HaveMem: true,
 			PSISomeAvg10: ms.host.PSI.Some.Avg10, HavePSI: ms.host.HavePSI}
@@ -127,6 +191,13 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 			pm.HostBytes = mm.proc.MemoryBytes
 		}
 		in.Models = append(in.Models, pm)
+	}
+	switch ms.gpuFrom {
+	case gpuRecent:
+		in.Estimate() // the reading may predate a wake
+	case gpuFootprints:
+		in.GPUs = ms.totals
+		in.Estimate()
 	}
 	return in
 }
@@ -165,7 +236,11 @@ func (a *Agent) footprint(c *config.Model) int64 {
 func (a *Agent) plan(ctx context.Context) {
 	ms := a.measure(ctx)
 	in := a.plannerInput(ms)
-	a.learnFootprints(in)
+	if ms.gpuFrom == gpuLive {
+		a.learnFootprints(in)
+	} else {
+		in.GPUs = nil // no sleep for GPU pressure napd cannot see
+	}
 	res := planner.Plan(in)
 	a.act(in, res.Decisions)
 	// Pressure that nothing can relieve is logged when it starts or

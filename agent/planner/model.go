@@ -125,6 +125,13 @@ type Input struct {
 	GPUs     []GPU
 	Host     Host
 	Pressure config.Pressure
+	// GPUNote, when set, says that GPUs is not a fresh reading (the probe
+	// failed) and what it is instead; a wake refusal carries it.
+	GPUNote string
+	// GPUUnknown means the probe failed and napd has no figure to check a
+	// wake against: a model with a footprint and GPUs is refused rather
+	// than woken blind.
+	GPUUnknown bool
 }
 
 func (m *Model) pinned() bool { return m.Pinned || m.Sleep == config.SleepNone }
@@ -197,6 +204,39 @@ func lru(ms []*Model) {
 
 // gib formats bytes for messages.
 func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+// Estimate stands in for a GPU probe that failed: each GPU's free memory
+// becomes the lower of what in.GPUs says (the last reading, or the total
+// when there is none recent: pass Free = Total) and the total less the
+// footprint share of every model on it that is not asleep; models that are
+// not asleep and were not measured are taken to hold their share. Memory of
+// processes napd does not know is not counted beyond the reading.
+func (in *Input) Estimate() {
+	for i := range in.Models {
+		m := &in.Models[i]
+		if m.State == StateSleeping || m.Footprint <= 0 {
+			continue
+		}
+		for _, g := range m.GPUs {
+			if _, ok := m.GPUBytes[g]; !ok {
+				if m.GPUBytes == nil {
+					m.GPUBytes = make(map[int]int64)
+				}
+				m.GPUBytes[g] = ceilDiv(m.Footprint, int64(len(m.GPUs)))
+			}
+		}
+	}
+	for i := range in.GPUs {
+		g := &in.GPUs[i]
+		free := g.Total
+		for _, m := range in.Models {
+			if m.State != StateSleeping {
+				free -= m.GPUBytes[g.Index]
+			}
+		}
+		g.Free = min(g.Free, free)
+	}
+}
 
 // gpuOf finds a GPU by index.
 func (in *Input) gpuOf(index int) (GPU, bool) {

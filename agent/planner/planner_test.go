@@ -468,3 +468,52 @@ func TestPlanWake_VictimUnderHostPressureIsStopped(t *testing.T) {
 		t.Errorf("message = %q\nwant %q", got.Victims[0].Message, want)
 	}
 }
+
+// Without a fresh GPU reading the fit is checked against learned
+// footprints: a device's total less the share of every model on it that is
+// not asleep, or the last reading when that is lower.
+func TestInput_Estimate(t *testing.T) {
+	in := Input{Now: now, Pressure: pressure,
+		GPUs: []GPU{{Index: 0, Total: 24 * GiB, Free: 24 * GiB}, {Index: 1, Total: 24 * GiB, Free: 12 * GiB}},
+		Models: []Model{
+			model("a", footprint(10*GiB)),
+			model("tp", footprint(8*GiB), onGPUs(0, 1)),
+			model("asleep", footprint(20*GiB), state(StateSleeping)),
+			model("unknown"),
+			model("big", footprint(16*GiB), state(StateSleeping)),
+		},
+		GPUNote: "the GPU probe fails; estimated",
+	}
+	in.Estimate()
+	want := []GPU{{Index: 0, Total: 24 * GiB, Free: 10 * GiB}, {Index: 1, Total: 24 * GiB, Free: 12 * GiB}}
+	if !reflect.DeepEqual(in.GPUs, want) {
+		t.Fatalf("Estimate: GPUs %+v, want %+v", in.GPUs, want)
+	}
+	if got := in.Models[0].GPUBytes; got[0] != 10*GiB {
+		t.Errorf("a holds %v, want its footprint", got)
+	}
+	p := PlanWake(in, "big")
+	if p.Outcome != WakeMakeRoom || len(p.Victims) != 1 || p.Victims[0].Model != "a" {
+		t.Errorf("estimated: %v %+v", p.Outcome, p.Victims)
+	}
+	in.Models[0].Pinned = true
+	p = PlanWake(in, "big")
+	want1 := "cannot fit big (16.0 GiB) on GPU 0: 10.0 GiB free; held by pinned a (10.0 GiB), idle tp (4.0 GiB); gpu_reserve 1.0 GiB (the GPU probe fails; estimated)"
+	if p.Outcome != WakeRefused || p.Message != want1 {
+		t.Errorf("refusal %v %q\nwant %q", p.Outcome, p.Message, want1)
+	}
+}
+
+// A probe that fails with no reading to fall back on does not open the
+// gate: a model whose footprint is known is refused, saying why.
+func TestPlanWake_GPUUnknownRefuses(t *testing.T) {
+	in := Input{Now: now, GPUUnknown: true, GPUNote: "GPU probe failed: timeout; no reading yet",
+		Models: []Model{model("big", footprint(16*GiB), state(StateSleeping)), model("free", state(StateSleeping))}}
+	p := PlanWake(in, "big")
+	if p.Outcome != WakeRefused || p.Message != "cannot check that big (16.0 GiB) fits on GPU 0: GPU probe failed: timeout; no reading yet" {
+		t.Errorf("%v %q", p.Outcome, p.Message)
+	}
+	if p := PlanWake(in, "free"); p.Outcome != WakeFits {
+		t.Errorf("a model without a footprint is not checked: %v", p.Outcome)
+	}
+}

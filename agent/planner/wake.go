@@ -63,6 +63,10 @@ func PlanWake(in Input, wake string) WakePlan {
 	if w.Footprint <= 0 || len(w.GPUs) == 0 {
 		return WakePlan{Outcome: WakeFits, Message: fmt.Sprintf("%s: footprint or GPUs unknown; fit not checked", w.Name)}
 	}
+	if in.GPUUnknown {
+		return WakePlan{Outcome: WakeRefused, Message: fmt.Sprintf("cannot check that %s (%s) fits on GPU %s: %s",
+			w.Name, gib(w.Footprint), joinInts(w.GPUs), in.GPUNote)}
+	}
 	p := newPlanner(&in)
 	short := p.wakeShortfall(w)
 	if len(short) == 0 {
@@ -86,7 +90,11 @@ func PlanWake(in Input, wake string) WakePlan {
 		}
 	}
 	if len(left) > 0 {
-		return WakePlan{Outcome: WakeRefused, Message: p.refusal(w, left)}
+		msg := p.refusal(w, left)
+		if in.GPUNote != "" {
+			msg += " (" + in.GPUNote + ")"
+		}
+		return WakePlan{Outcome: WakeRefused, Message: msg}
 	}
 
 	plan := WakePlan{Outcome: WakeMakeRoom}

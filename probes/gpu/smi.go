@@ -72,6 +72,9 @@ func (s *SMI) run(ctx context.Context, args []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, s.Path, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// A killed nvidia-smi (a wrapper script's child) may leave its output
+	// pipe open: the probe still returns at its timeout.
+	cmd.WaitDelay = 100 * time.Millisecond
 	if err := cmd.Run(); err != nil {
 		// nvidia-smi prints its reason ("couldn't communicate with the
 		// NVIDIA driver") on stdout, not stderr.

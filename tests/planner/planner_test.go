@@ -166,3 +166,56 @@ func TestPlanner_WakeThatCannotFitNamesTheHolders(t *testing.T) {
 		t.Errorf("small and pin must stay awake: %v\n%s", err, out)
 	}
 }
+
+// setGPU rewrites the fake GPU's state file (see fakeGPU) with extra lines.
+func setGPU(t *testing.T, env []string, lines string) {
+	t.Helper()
+	for _, e := range env {
+		if path, ok := strings.CutPrefix(e, "FAKE_SMI_STATE="); ok {
+			old, err := os.ReadFile(path)
+			if err == nil {
+				err = os.WriteFile(path+".new", append(old, lines...), 0o644)
+			}
+			if err == nil {
+				err = os.Rename(path+".new", path)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatal("no FAKE_SMI_STATE")
+}
+
+// A GPU probe that fails does not open the gate: the wake of a model that
+// does not fit next to a pinned one is refused with the last good reading,
+// and the refusal and the log say the probe fails. Once the probe answers
+// again, so do the figures.
+func TestPlanner_FailingProbeDoesNotOpenTheGate(t *testing.T) {
+	for _, mode := range []string{"fail", "hang"} {
+		t.Run(mode, func(t *testing.T) {
+			env := fakeGPU(t, 24<<10, map[string]int{"pin": 10 << 10, "big": 20 << 10})
+			n := harness.Start(t, harness.Options{
+				Models: demo("pin", "gpu_memory = \"10GiB\"\npinned = true") + demo("big", `gpu_memory = "20GiB"`),
+				Env:    env,
+			})
+			requireFakeSMI(t, n)
+			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+			defer cancel()
+			if resp, body := post(t, n, ctx, "pin", 1); resp.StatusCode != http.StatusOK {
+				t.Fatalf("pin: %d %s", resp.StatusCode, body)
+			}
+			setGPU(t, env, mode+"\n")
+			resp, body := post(t, n, ctx, "big", 2)
+			if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "cannot fit big (20.0 GiB) on GPU 0") ||
+				!strings.Contains(body, "the GPU probe fails; checked against its last reading") {
+				t.Fatalf("big with a failing probe: %d %s", resp.StatusCode, body)
+			}
+			n.WaitLog(`msg="gpu probe failed"`, 5*time.Second)
+			if strings.Contains(n.Log(), `msg="engine started" backend=exec model=big`) {
+				t.Error("big's engine was started while the GPU could not be read")
+			}
+		})
+	}
+}
