@@ -298,21 +298,28 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 			ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
 		}
 	}
+	// Client-facing servers: idle keep-alive connections are closed after
+	// keepalive_timeout, and all of them together hold at most
+	// max_connections descriptors.
+	conns := gateway.NewConnLimit(cfg.Gateway.MaxConnections, a.log)
+	newGateway := func(h http.Handler, l net.Listener, what string) {
+		srv := newServer(h)
+		srv.IdleTimeout = cfg.Gateway.KeepaliveTimeout
+		srv.SetKeepAlivesEnabled(cfg.Gateway.KeepaliveTimeout > 0)
+		s.gateway = append(s.gateway, srv)
+		go a.serveOn(srv, conns.Listener(l), what)
+	}
 	gwHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		(*a.handler.Load()).ServeHTTP(w, r)
 	})
 	for _, l := range gls {
-		srv := newServer(gwHandler)
-		s.gateway = append(s.gateway, srv)
-		go a.serveOn(srv, l, "gateway")
+		newGateway(gwHandler, l, "gateway")
 	}
 	for name, l := range mls {
 		model := name
-		srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		newGateway(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			a.modelHandler(model).ServeHTTP(w, r)
-		}))
-		s.gateway = append(s.gateway, srv)
-		go a.serveOn(srv, l, "model "+name)
+		}), l, "model "+name)
 	}
 	cl, err := control.Listen(cfg.Agent.ControlSocket)
 	if err != nil {
@@ -390,6 +397,9 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 	gw := gateway.New(gateway.Options{
 		MaxBody:        cfg.Gateway.MaxBody,
 		RequestTimeout: cfg.Gateway.RequestTimeout,
+		WriteTimeout:   cfg.Gateway.WriteTimeout,
+		UpstreamDeny:   cfg.Gateway.UpstreamDeny,
+		UpstreamAllow:  cfg.Gateway.UpstreamAllow,
 		APIKeys:        keys,
 		Routes:         gatewayRoutes(cfg.Gateway.Routes),
 		ListAliases:    cfg.Gateway.ListAliases,

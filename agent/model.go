@@ -178,13 +178,16 @@ func (m *model) evidence() lease.Evidence {
 
 // admit takes a lease and waits for a slot; see gateway.Models.Admit.
 func (m *model) admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket, error) {
-	req := lease.Request{Model: m.name, Client: a.Client, Kind: a.Kind, Stream: a.Stream, Key: a.IdempotencyKey}
+	req := lease.Request{Model: m.name, Client: a.Client, Kind: a.Kind, Stream: a.Stream, Key: a.IdempotencyKey, Fingerprint: a.Fingerprint}
 	var adm lease.Admission
 	for {
 		var err error
 		adm, err = m.a.tracker.Begin(m.now(), req)
 		if err != nil {
 			return nil, err
+		}
+		if adm.Verdict == lease.Conflict {
+			return nil, keyReused()
 		}
 		if adm.Verdict == lease.Replayed {
 			return &gateway.Ticket{Replay: storedToGateway(adm.Response), Done: func(gateway.Outcome) {}}, nil
@@ -253,6 +256,12 @@ func (m *model) end(w *waiter, o gateway.Outcome) {
 func (m *model) removed() *gateway.Refusal {
 	return &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
 		Message: "model " + m.name + " was removed from the configuration", RetryAfter: time.Second}
+}
+
+// keyReused refuses an Idempotency-Key used before for another request.
+func keyReused() *gateway.Refusal {
+	return &gateway.Refusal{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
+		Message: "this Idempotency-Key was used for another request (method, path, model or body differ)"}
 }
 
 func storedToGateway(s *lease.Stored) *gateway.StoredResponse {

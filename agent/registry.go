@@ -304,6 +304,12 @@ func restartOnlyChanges(old, cfg *config.Config) []string {
 	if !slices.Equal(old.Gateway.Listen, cfg.Gateway.Listen) {
 		keys = append(keys, "gateway.listen")
 	}
+	if old.Gateway.KeepaliveTimeout != cfg.Gateway.KeepaliveTimeout {
+		keys = append(keys, "gateway.keepalive_timeout")
+	}
+	if old.Gateway.MaxConnections != cfg.Gateway.MaxConnections {
+		keys = append(keys, "gateway.max_connections")
+	}
 	oldListen := make(map[string]string)
 	for _, m := range old.Models {
 		oldListen[m.Name] = m.Listen

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 )
@@ -76,11 +77,28 @@ func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
 // Len is the number of keys.
 func (k *APIKeys) Len() int { return len(k.names) }
 
-// check matches an Authorization header against every key and returns the
-// matching key's name. It compares against all keys, in constant time, so
-// timing reveals neither whether nor which key matched.
-func (k *APIKeys) check(authorization string) (string, bool) {
-	token, ok := strings.CutPrefix(authorization, "Bearer ")
+// credential is the key a request presents: `Authorization: Bearer <key>`
+// (the scheme in any case, as RFC 9110 has it) or, for Anthropic-style
+// clients, `x-api-key: <key>`. ok is false when neither is present.
+func credential(h http.Header) (key string, ok bool) {
+	if a := h.Get("Authorization"); a != "" {
+		scheme, token, found := strings.Cut(a, " ")
+		if !found || !strings.EqualFold(scheme, "Bearer") {
+			return "", false
+		}
+		return strings.TrimLeft(token, " "), true
+	}
+	if k := h.Get("X-Api-Key"); k != "" {
+		return k, true
+	}
+	return "", false
+}
+
+// check matches the request's credential against every key and returns
+// the matching key's name. It compares against all keys, in constant time,
+// so timing reveals neither whether nor which key matched.
+func (k *APIKeys) check(h http.Header) (string, bool) {
+	token, ok := credential(h)
 	d := sha256.Sum256([]byte(token))
 	match := -1
 	for i := range k.digests {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +26,8 @@ func TestLoadAPIKeys_ParsesNamesAndKeys(t *testing.T) {
 		ok           bool
 	}{
 		{"Bearer sk-alice", "alice", true},
+		{"bearer sk-alice", "alice", true},
+		{"BEARER sk-alice", "alice", true},
 		{"Bearer sk:with:colons", "bob", true},
 		{"Bearer sk-alicf", "", false},
 		{"Bearer ", "", false},
@@ -32,9 +35,17 @@ func TestLoadAPIKeys_ParsesNamesAndKeys(t *testing.T) {
 		{"Basic sk-alice", "", false},
 		{"", "", false},
 	} {
-		name, ok := k.check(c.header)
+		name, ok := k.check(http.Header{"Authorization": {c.header}})
 		if name != c.name || ok != c.ok {
-			t.Errorf("check(%q) = %q, %v; want %q, %v", c.header, name, ok, c.name, c.ok)
+			t.Errorf("check(Authorization: %q) = %q, %v; want %q, %v", c.header, name, ok, c.name, c.ok)
+		}
+	}
+	// Anthropic-style clients send the key as x-api-key.
+	for key, want := range map[string]string{"sk-alice": "alice", "sk:with:colons": "bob", "Bearer sk-alice": "", "": ""} {
+		h := http.Header{}
+		h.Set("x-api-key", key)
+		if name, ok := k.check(h); name != want || ok != (want != "") {
+			t.Errorf("check(x-api-key: %q) = %q, %v; want %q", key, name, ok, want)
 		}
 	}
 }
@@ -100,4 +111,49 @@ func TestGateway_APIKeys(t *testing.T) {
 		t.Errorf("engine got Authorization %q", got)
 	}
 	e.models.outcome()
+}
+
+func TestGateway_CredentialsAndCookiesNeverReachTheEngine(t *testing.T) {
+	keys, err := parseAPIKeys("keys", []byte("alice:sk-alice\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &okEngine{}
+	e := newEnv(t, eng.ServeHTTP, Options{APIKeys: keys})
+	for _, h := range []map[string]string{
+		{"Authorization": "bearer sk-alice", "Cookie": "session=s3cret"},
+		{"x-api-key": "sk-alice", "Cookie": "grafana_session=abc"},
+	} {
+		for _, path := range []string{"/v1/chat/completions", "/upstream/m1/v1/chat/completions"} {
+			resp, b := e.do("POST", path, `{"model":"m1"}`, h)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s with %v: %d %s", path, h, resp.StatusCode, b)
+			}
+			e.models.outcome()
+		}
+	}
+	seen := eng.seen()
+	if len(seen) != 4 {
+		t.Fatalf("engine saw %d requests", len(seen))
+	}
+	for _, s := range seen {
+		for _, name := range []string{"Authorization", "X-Api-Key", "Cookie"} {
+			if v := s.header.Get(name); v != "" {
+				t.Errorf("engine got %s: %q", name, v)
+			}
+		}
+	}
+	if a := e.models.admitted(); a[1].Client != "alice" || a[3].Client != "alice" {
+		t.Errorf("x-api-key not accepted as alice's key: %+v", a)
+	}
+
+	// Without keys napd checks no credential: the engine's own key passes,
+	// cookies still do not.
+	eng2 := &okEngine{}
+	e2 := newEnv(t, eng2.ServeHTTP, Options{})
+	e2.do("POST", "/v1/chat/completions", `{"model":"m1"}`, map[string]string{"Authorization": "Bearer engine-key", "Cookie": "a=b"})
+	e2.models.outcome()
+	if s := eng2.seen()[0]; s.header.Get("Authorization") != "Bearer engine-key" || s.header.Get("Cookie") != "" {
+		t.Errorf("without keys the engine got Authorization %q, Cookie %q", s.header.Get("Authorization"), s.header.Get("Cookie"))
+	}
 }

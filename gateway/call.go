@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,6 +71,17 @@ func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
 // forward reads the body, finds the model (from the body when fromBody),
 // asks Models for a slot and proxies the request to path on the engine.
 func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
+	if c.g.rules.refused(r.Method, path) {
+		c.fail(http.StatusForbidden, "engine_control_refused",
+			"engine control endpoint "+path+" is reserved for napd and the operator")
+		return
+	}
+	key := r.Header.Get(HeaderIdempotencyKey)
+	if len(key) > MaxIdempotencyKey {
+		c.fail(http.StatusBadRequest, "invalid_idempotency_key",
+			fmt.Sprintf("%s is longer than %d bytes", HeaderIdempotencyKey, MaxIdempotencyKey))
+		return
+	}
 	ctx, cancel, ok := c.deadline(r)
 	if !ok {
 		return
@@ -79,6 +92,11 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 		return
 	}
 	fields, err := parseBody(body)
+	if errors.Is(err, errAmbiguous) {
+		// Whatever the route: napd and the engine must not read two requests.
+		c.fail(http.StatusBadRequest, "ambiguous_field", "request body is ambiguous: "+err.Error())
+		return
+	}
 	if fromBody {
 		if err != nil {
 			c.fail(http.StatusBadRequest, "invalid_json", "request body is not a valid JSON object: "+err.Error())
@@ -98,13 +116,32 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
 	c.stream = err == nil && fields.Stream
 	c.path, c.rawPath = path, rawPath
-	c.admit(ctx, r, body, Admission{
+	a := Admission{
 		Model:          c.model,
 		Client:         c.client,
 		Kind:           kindOf(path),
 		Stream:         c.stream,
-		IdempotencyKey: r.Header.Get(HeaderIdempotencyKey),
-	})
+		IdempotencyKey: key,
+	}
+	if key != "" {
+		a.Fingerprint = fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, c.model, body)
+	}
+	c.admit(ctx, r, body, a)
+}
+
+// MaxIdempotencyKey bounds an Idempotency-Key (bytes), as Stripe does.
+const MaxIdempotencyKey = 255
+
+// fingerprint binds an idempotency key to what it was used for: the same
+// key with another method, path, query, model or body is another request.
+func fingerprint(method, path, query, model string, body []byte) string {
+	h := sha256.New()
+	for _, s := range []string{method, path, query, model} {
+		// Length-prefixed, so no two field lists hash alike.
+		fmt.Fprintf(h, "%d:%s", len(s), s)
+	}
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // upstream serves /upstream/<model>/<path…>: any method, path and query.
@@ -147,7 +184,10 @@ func (c *call) deadline(r *http.Request) (context.Context, context.CancelFunc, b
 }
 
 // readBody reads the whole body within max_body and the deadline: the
-// upload is part of the budget, so a slow client gets 504.
+// upload is part of the budget, so a slow client gets 504. Each read also
+// waits at most BodyTimeout, deadline or not (408, as nginx's
+// client_body_timeout). Memory follows the bytes that arrive, never the
+// Content-Length a client announces.
 func (c *call) readBody(ctx context.Context, r *http.Request) ([]byte, bool) {
 	if limit := c.g.opts.MaxBody; limit > 0 && r.ContentLength > limit {
 		// Announced too large: refuse without reading a byte of it.
@@ -155,43 +195,66 @@ func (c *call) readBody(ctx context.Context, r *http.Request) ([]byte, bool) {
 			fmt.Sprintf("request body is larger than %d bytes", limit))
 		return nil, false
 	}
-	rc := http.NewResponseController(c.w)
-	dl, hasDeadline := ctx.Deadline()
-	if hasDeadline {
-		// An error means no real server connection underneath; the read
-		// is then bounded by the client alone.
-		_ = rc.SetReadDeadline(dl)
-	}
 	src := r.Body
 	if c.g.opts.MaxBody > 0 {
 		// The unwrapped writer lets net/http close the connection after a 413.
 		src = http.MaxBytesReader(c.w.ResponseWriter, r.Body, c.g.opts.MaxBody)
 	}
+	br := &bodyReader{src: src, rc: http.NewResponseController(c.w), idle: c.g.opts.BodyTimeout}
+	br.deadline, br.hasDeadline = ctx.Deadline()
 	var buf bytes.Buffer
-	if n := r.ContentLength; n > 0 && (c.g.opts.MaxBody == 0 || n <= c.g.opts.MaxBody) {
-		buf.Grow(int(n) + bytes.MinRead)
+	if n := r.ContentLength; n > 0 {
+		buf.Grow(int(min(n, initialBody)))
 	}
-	_, err := buf.ReadFrom(src)
+	_, err := buf.ReadFrom(br)
 	var tooLarge *http.MaxBytesError
 	switch {
 	case err == nil:
-		if hasDeadline {
-			// Left in place, the deadline would fire in the server's
-			// background read and look like a client disconnect. On the
-			// error paths below it stays, so net/http's discard of the
-			// unread body cannot block on a stalled client.
-			_ = rc.SetReadDeadline(time.Time{})
-		}
+		// Left in place, a deadline would fire in the server's background
+		// read and look like a client disconnect. On the error paths below
+		// it stays, so net/http's discard of the unread body cannot block
+		// on a stalled client.
+		_ = br.rc.SetReadDeadline(time.Time{})
 		return buf.Bytes(), true
 	case errors.As(err, &tooLarge):
 		c.fail(http.StatusRequestEntityTooLarge, "request_too_large",
 			fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit))
+	case errors.Is(err, os.ErrDeadlineExceeded) && br.idleBound:
+		c.fail(http.StatusRequestTimeout, "body_timeout",
+			fmt.Sprintf("the request body stalled for %s", c.g.opts.BodyTimeout))
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		c.fail(http.StatusGatewayTimeout, "timeout", "the request body did not arrive within the request deadline")
 	default:
 		c.abort()
 	}
 	return nil, false
+}
+
+// initialBody is the most a body buffer starts with: enough for most
+// requests in one piece, and all an announced-but-unsent body costs.
+const initialBody = 64 << 10
+
+// bodyReader sets the connection's read deadline before each read: the
+// sooner of the request's deadline and idle from now.
+type bodyReader struct {
+	src         io.Reader
+	rc          *http.ResponseController
+	idle        time.Duration
+	deadline    time.Time
+	hasDeadline bool
+	idleBound   bool // the last deadline set was the idle bound
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	next := time.Now().Add(b.idle)
+	b.idleBound = !b.hasDeadline || next.Before(b.deadline)
+	if !b.idleBound {
+		next = b.deadline
+	}
+	// An error means no real server connection underneath; the read is
+	// then bounded by the client alone.
+	_ = b.rc.SetReadDeadline(next)
+	return b.src.Read(p)
 }
 
 // admit asks Models for a slot and then replays or proxies.

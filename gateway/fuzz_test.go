@@ -1,7 +1,13 @@
 package gateway
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +33,7 @@ func FuzzParseAPIKeys(f *testing.F) {
 				continue
 			}
 			name, key, _ := strings.Cut(line, ":")
-			got, ok := k.check("Bearer " + strings.TrimSpace(key))
+			got, ok := k.check(http.Header{"Authorization": {"Bearer " + strings.TrimSpace(key)}})
 			if !ok || got != strings.TrimSpace(name) {
 				t.Errorf("key of %q authenticates as %q, %v", name, got, ok)
 			}
@@ -36,7 +42,7 @@ func FuzzParseAPIKeys(f *testing.F) {
 }
 
 func FuzzParseTimeout(f *testing.F) {
-	for _, s := range []string{"30", "30s", "1m30s", "0.5", "-1", "0", "NaN", "Inf", "1e300", "soon", "1h"} {
+	for _, s := range []string{"30", "30s", "1m30s", "0.5", "-1", "0", "NaN", "Inf", "1e300", "soon", "1h", "1e-10", "0.0000001"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -48,7 +54,7 @@ func FuzzParseTimeout(f *testing.F) {
 }
 
 func FuzzParseBody(f *testing.F) {
-	for _, s := range []string{`{"model":"m","stream":true}`, `{"model":1}`, `null`, `[]`, `{"stream":"yes"}`, `{"model":"\u00e9"}`} {
+	for _, s := range []string{`{"model":"m","stream":true}`, `{"model":1}`, `null`, `[]`, `{"stream":"yes"}`, `{"model":"\u00e9"}`, `{"Model":"a","model":"b"}`, `{"mod\u0065l":"m"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -56,27 +62,94 @@ func FuzzParseBody(f *testing.F) {
 		if err != nil {
 			return
 		}
-		// What the gateway found must be what a full decode finds.
+		// What the gateway found must be what the engine finds: exact keys,
+		// none repeated in any case.
 		var full map[string]any
 		if json.Unmarshal(body, &full) != nil || full == nil {
-			return
+			t.Fatalf("parseBody accepted %q, which is not a JSON object", body)
 		}
-		if m, ok := full["model"].(string); ok && m != fields.Model && !hasFoldedDuplicate(full, "model") {
+		for k := range full {
+			if (strings.EqualFold(k, "model") && k != "model") || (strings.EqualFold(k, "stream") && k != "stream") {
+				t.Errorf("case variant %q accepted", k)
+			}
+		}
+		if m, ok := full["model"].(string); ok && m != fields.Model {
 			t.Errorf("model %q, full decode %q", fields.Model, m)
+		}
+		if s, ok := full["stream"].(bool); ok && s != fields.Stream {
+			t.Errorf("stream %v, full decode %v", fields.Stream, s)
 		}
 	})
 }
 
-// hasFoldedDuplicate reports a key spelled in other cases too ("Model"):
-// encoding/json matches fields case-insensitively.
-func hasFoldedDuplicate(m map[string]any, key string) bool {
-	n := 0
-	for k := range m {
-		if strings.EqualFold(k, key) {
-			n++
-		}
+// FuzzRequestHead feeds raw HTTP/1.1 requests through the gateway's
+// handler: the header parsing that decides routing (path, upstream model,
+// deny list), the deadline (X-Request-Timeout) and idempotency
+// (Idempotency-Key, fingerprint), plus the credential check. Whatever the
+// input, no engine control path and no credential reaches the engine, an
+// admitted request has a deadline within request_timeout, and a keyed
+// request carries a fingerprint.
+func FuzzRequestHead(f *testing.F) {
+	for _, s := range []string{
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\nContent-Length: 15\r\n\r\n{\"model\":\"m1\"}",
+		"POST /upstream/m1/sleep HTTP/1.1\r\nHost: x\r\nx-api-key: sk-a\r\n\r\n",
+		"POST /upstream/m1/%2e%2e/%73leep HTTP/1.1\r\nHost: x\r\nAuthorization: bearer sk-a\r\n\r\n",
+		"GET /upstream/a1//wake_up/ HTTP/1.1\r\nHost: x\r\nAuthorization: BEARER sk-a\r\nCookie: a=b\r\n\r\n",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\nX-Request-Timeout: 1e-10\r\nIdempotency-Key: k\r\nContent-Length: 15\r\n\r\n{\"model\":\"m2\"}",
+		"POST /upstream/m2/v1/x?y=1 HTTP/1.1\r\nHost: x\r\nx-api-key: sk-a\r\nX-Request-Timeout: 2.5\r\nIdempotency-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+	} {
+		f.Add([]byte(s))
 	}
-	return n > 1
+	keys, err := parseAPIKeys("keys", []byte("a:sk-a\n"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	const budget = time.Minute
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(raw)))
+		if err != nil {
+			return
+		}
+		models := newFakeModels(t, "http://engine.invalid")
+		var sent []*http.Request
+		models.transport = roundTripFunc(func(out *http.Request) (*http.Response, error) {
+			dl, ok := out.Context().Deadline()
+			if !ok || time.Until(dl) > budget {
+				t.Errorf("engine request with deadline %v (set %v), want within %v", dl, ok, budget)
+			}
+			sent = append(sent, out)
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("{}")), Request: out}, nil
+		})
+		gw := New(Options{APIKeys: keys, RequestTimeout: budget, MaxBody: 1 << 16, Logger: slog.New(slog.DiscardHandler)}, models)
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		func() {
+			defer func() {
+				if v := recover(); v != nil && v != http.ErrAbortHandler {
+					panic(v)
+				}
+			}()
+			gw.Handler().ServeHTTP(rec, req)
+		}()
+		for _, a := range models.admitted() {
+			if (a.IdempotencyKey != "") != (a.Fingerprint != "") {
+				t.Errorf("admission %+v: key and fingerprint disagree", a)
+			}
+		}
+		for _, out := range sent {
+			if gw.rules.refused(out.Method, out.URL.Path) {
+				t.Errorf("control path %s %q reached the engine", out.Method, out.URL.Path)
+			}
+			for _, h := range []string{"Authorization", "X-Api-Key", "Cookie"} {
+				if out.Header.Get(h) != "" {
+					t.Errorf("%s reached the engine", h)
+				}
+			}
+		}
+		if rec.Code >= 400 && !json.Valid(rec.Body.Bytes()) {
+			t.Errorf("status %d with a body that is not JSON: %q", rec.Code, rec.Body.Bytes())
+		}
+	})
 }
 
 func TestParseTimeout(t *testing.T) {
@@ -85,7 +158,7 @@ func TestParseTimeout(t *testing.T) {
 			t.Errorf("parseTimeout(%q) = %v, %v; want %v", s, d, err, want)
 		}
 	}
-	for _, s := range []string{"", "0", "-1", "0s", "-3s", "NaN", "soon", "30 s"} {
+	for _, s := range []string{"", "0", "-1", "0s", "-3s", "NaN", "soon", "30 s", "1e-10", "0.0000001e-3", "0.1ns"} {
 		if _, err := parseTimeout(s); err == nil {
 			t.Errorf("parseTimeout(%q) accepted", s)
 		}

@@ -24,9 +24,21 @@ type Options struct {
 	// RequestTimeout is the whole budget of one request: upload, queue,
 	// wake and inference. X-Request-Timeout may shorten it. 0 means none.
 	RequestTimeout time.Duration
-	// APIKeys, when non-nil, makes `Authorization: Bearer <key>` required on
-	// everything but /health.
+	// APIKeys, when non-nil, makes a key (`Authorization: Bearer <key>` or
+	// `x-api-key: <key>`) required on everything but /health; both headers
+	// are then napd's and never reach an engine.
 	APIKeys *APIKeys
+	// UpstreamDeny adds entries to DefaultUpstreamDeny and UpstreamAllow
+	// exempts entries from it (see docs/security.md): an engine path both
+	// lists refuse gets 403 on every route that forwards to an engine.
+	UpstreamDeny, UpstreamAllow []string
+	// WriteTimeout cuts a client that takes longer than this to accept one
+	// write (a stalled stream reader); its lease and slot are released.
+	// 0 means DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// BodyTimeout bounds the wait for each read of a request body, also
+	// when the request has no deadline; 0 means DefaultBodyTimeout.
+	BodyTimeout time.Duration
 	// Logger receives one line per request; nil means slog.Default().
 	Logger *slog.Logger
 	// Observe, when non-nil, is called once per request after its last byte
@@ -52,6 +64,13 @@ type Route struct {
 	Path   string
 }
 
+// Defaults of the per-phase timeouts, nginx's: send_timeout and
+// client_body_timeout.
+const (
+	DefaultWriteTimeout = 60 * time.Second
+	DefaultBodyTimeout  = 60 * time.Second
+)
+
 // StatusClientClosed is the status reported to the log and to
 // Options.Observe for a request whose client left (or that was aborted)
 // before any status was sent. It is never written to a client.
@@ -67,6 +86,7 @@ type Gateway struct {
 	proxy   *httputil.ReverseProxy
 	routes  map[string]Route // by path
 	origins map[string]bool  // CORSOrigins
+	rules   pathRules
 }
 
 // New builds a Gateway that asks models for every admission.
@@ -78,6 +98,13 @@ func New(opts Options, models Models) *Gateway {
 	if g.now == nil {
 		g.now = time.Now
 	}
+	if g.opts.WriteTimeout <= 0 {
+		g.opts.WriteTimeout = DefaultWriteTimeout
+	}
+	if g.opts.BodyTimeout <= 0 {
+		g.opts.BodyTimeout = DefaultBodyTimeout
+	}
+	g.rules = newPathRules(opts.UpstreamDeny, opts.UpstreamAllow)
 	g.created = g.now().Unix()
 	g.proxy = g.newProxy()
 	g.routes = make(map[string]Route, len(opts.Routes))
@@ -111,7 +138,7 @@ func (g *Gateway) ModelHandler(model string) http.Handler {
 // serve runs one request: authentication, routing, and the single log line.
 // dedicated is the model of a dedicated socket, "" on the shared one.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string) {
-	c := &call{g: g, w: &recorder{ResponseWriter: w}, start: g.now(), model: dedicated,
+	c := &call{g: g, w: newRecorder(w, g.opts.WriteTimeout), start: g.now(), model: dedicated,
 		anthropic: isAnthropicPath(r.URL.Path)}
 	// Deferred without recover: an http.ErrAbortHandler panic (a cut
 	// stream, a client gone) must reach net/http, and still be logged.
@@ -126,7 +153,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 		return
 	}
 	if g.opts.APIKeys != nil {
-		name, ok := g.opts.APIKeys.check(r.Header.Get("Authorization"))
+		name, ok := g.opts.APIKeys.check(r.Header)
 		if !ok {
 			c.w.Header().Set("WWW-Authenticate", `Bearer realm="napd"`)
 			c.fail(http.StatusUnauthorized, "invalid_api_key", "missing or invalid API key")

@@ -83,6 +83,10 @@ func TestGateway_KindAndStreamFromRequest(t *testing.T) {
 	got := e.models.admitted()
 	for i, c := range cases {
 		c.want.IdempotencyKey = "k-" + c.path
+		if len(got[i].Fingerprint) != 64 {
+			t.Errorf("%s: fingerprint %q", c.path, got[i].Fingerprint)
+		}
+		got[i].Fingerprint = ""
 		if got[i] != c.want {
 			t.Errorf("%s: admission %+v, want %+v", c.path, got[i], c.want)
 		}

@@ -36,6 +36,11 @@ type Admission struct {
 	Kind           lease.Kind
 	Stream         bool
 	IdempotencyKey string // "" when none
+	// Fingerprint, set with IdempotencyKey, hashes the method, path,
+	// query, model and body: the same key with another fingerprint is
+	// another request, refused (422), never answered with the first one's
+	// response.
+	Fingerprint string
 }
 
 // Ticket is an admitted request. Exactly one of these holds:

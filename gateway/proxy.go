@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"sync"
+	"time"
 )
 
 // maxStored bounds a response captured for idempotent replays; a larger
@@ -26,6 +27,7 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 			if g.opts.APIKeys != nil {
 				// napd's key is for napd, never for the engine.
 				pr.Out.Header.Del("Authorization")
+				pr.Out.Header.Del("X-Api-Key")
 			}
 			if c.served != "" {
 				// The answer is mapped back, so it must come uncompressed.
@@ -36,6 +38,9 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 					pr.Out.URL.RawQuery = q.Encode()
 				}
 			}
+			// Cookies of whatever else shares the host name (a web UI on
+			// localhost) are no engine's business.
+			pr.Out.Header.Del("Cookie")
 		},
 		Transport:     ticketTransport{},
 		FlushInterval: -1, // flush after every write: SSE chunks leave at once
@@ -109,10 +114,12 @@ func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 
 // recorder wraps the client's ResponseWriter: it remembers the status and
-// the first write error and, for idempotent requests, captures the
-// response up to maxStored.
+// the first write error, bounds each write by the write timeout and, for
+// idempotent requests, captures the response up to maxStored.
 type recorder struct {
 	http.ResponseWriter
+	rc       *http.ResponseController
+	timeout  time.Duration
 	status   int
 	err      error
 	capture  bool
@@ -121,11 +128,28 @@ type recorder struct {
 	overflow bool
 }
 
+func newRecorder(w http.ResponseWriter, timeout time.Duration) *recorder {
+	r := &recorder{ResponseWriter: w, rc: http.NewResponseController(w), timeout: timeout}
+	r.extend()
+	return r
+}
+
+// extend gives the connection another write timeout from now. Called
+// before each write, it bounds how long one write may block on a client
+// that stopped reading (a stream's chunks may be far apart: the bound is
+// per write, like nginx's send_timeout). It also covers what net/http
+// writes after the handler returns.
+func (w *recorder) extend() {
+	// An error means no real connection underneath (a test recorder).
+	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+}
+
 // Unwrap lets http.ResponseController reach Flush and SetReadDeadline.
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *recorder) WriteHeader(code int) {
 	// 1xx responses other than 101 are interim; the final status follows.
+	w.extend()
 	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status = code
 		if w.capture {
@@ -139,6 +163,7 @@ func (w *recorder) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
+	w.extend()
 	n, err := w.ResponseWriter.Write(p)
 	if err != nil && w.err == nil {
 		w.err = err
@@ -153,9 +178,11 @@ func (w *recorder) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// stored is the captured response, or nil when it was too large.
+// stored is the captured response, or nil when it was too large or is
+// not a success: only a complete 2xx is worth replaying, a retry of a
+// failure must run again.
 func (w *recorder) stored() *StoredResponse {
-	if w.overflow {
+	if w.overflow || w.status < 200 || w.status > 299 {
 		return nil
 	}
 	return &StoredResponse{Status: w.status, Header: w.header, Body: w.body}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/napd/napd/gateway"
 )
 
 // DefaultPath is where napd reads its configuration unless told otherwise.
@@ -24,6 +26,10 @@ const (
 	DefaultMaxConcurrency = 32
 	DefaultQueue          = 128
 	DefaultStopTimeout    = 30 * time.Second
+	// DefaultMaxConnections stays far below the file limit napd.service
+	// sets (LimitNOFILE=65536): each client connection may hold a second
+	// descriptor to its engine, and napctl must still get one.
+	DefaultMaxConnections = 4096
 )
 
 // Default returns the configuration of an empty file: every default, no
@@ -38,12 +44,15 @@ func Default() *Config {
 			LogLevel:      "info",
 		},
 		Gateway: Gateway{
-			Listen:         []string{"127.0.0.1:8080"},
-			MaxBody:        16 << 20,
-			RequestTimeout: 10 * time.Minute,
-			Routes:         DefaultRoutes(),
-			ListAliases:    true,
-			CORSOrigins:    []string{},
+			Listen:           []string{"127.0.0.1:8080"},
+			MaxBody:          16 << 20,
+			RequestTimeout:   10 * time.Minute,
+			Routes:           DefaultRoutes(),
+			ListAliases:      true,
+			CORSOrigins:      []string{},
+			KeepaliveTimeout: 75 * time.Second,
+			WriteTimeout:     60 * time.Second,
+			MaxConnections:   DefaultMaxConnections,
 		},
 		Policy: Policy{
 			IdleTimeout:          15 * time.Minute,
@@ -258,13 +267,18 @@ func agentSchema(a *Agent) map[string]setter {
 
 func gatewaySchema(g *Gateway) map[string]setter {
 	return map[string]setter{
-		"listen":          setStrings(&g.Listen, hostPort),
-		"max_body":        setSize(&g.MaxBody, false),
-		"request_timeout": setDuration(&g.RequestTimeout, false),
-		"api_keys_file":   setString(&g.APIKeysFile, optional(absPath)),
-		"routes":          setRoutes(&g.Routes),
-		"list_aliases":    setBool(&g.ListAliases),
-		"cors_origins":    setStrings(&g.CORSOrigins, corsOrigin),
+		"listen":            setStrings(&g.Listen, hostPort),
+		"max_body":          setSize(&g.MaxBody, false),
+		"request_timeout":   setDuration(&g.RequestTimeout, false),
+		"api_keys_file":     setString(&g.APIKeysFile, optional(absPath)),
+		"routes":            setRoutes(&g.Routes),
+		"list_aliases":      setBool(&g.ListAliases),
+		"cors_origins":      setStrings(&g.CORSOrigins, corsOrigin),
+		"keepalive_timeout": setDuration(&g.KeepaliveTimeout, true),
+		"write_timeout":     setDuration(&g.WriteTimeout, false),
+		"max_connections":   setInt(&g.MaxConnections, 1, 1<<20),
+		"upstream_deny":     setStrings(&g.UpstreamDeny, gateway.ParsePathRule),
+		"upstream_allow":    setStrings(&g.UpstreamAllow, gateway.ParsePathRule),
 	}
 }
 

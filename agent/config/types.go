@@ -70,10 +70,15 @@ type Agent struct {
 
 // Gateway is the [gateway] table.
 type Gateway struct {
-	Listen         []string
-	MaxBody        int64
-	RequestTimeout time.Duration
-	APIKeysFile    string
+	Listen           []string
+	MaxBody          int64
+	RequestTimeout   time.Duration
+	APIKeysFile      string
+	KeepaliveTimeout time.Duration // 0 = no keep-alive: one request per connection
+	WriteTimeout     time.Duration
+	MaxConnections   int
+	UpstreamDeny     []string // added to gateway.DefaultUpstreamDeny
+	UpstreamAllow    []string // exempted from it
 	// Routes are the paths outside /v1 routed by model.
 	Routes      []Route
 	ListAliases bool

@@ -71,6 +71,10 @@ type Request struct {
 	Kind   Kind
 	Stream bool
 	Key    string // idempotency key; "" = never joined or replayed
+	// Fingerprint identifies what Key was used for (the gateway hashes
+	// method, path, model and body). The same key with another fingerprint
+	// is Conflict, never a join or a replay of someone else's answer.
+	Fingerprint string
 }
 
 // Stored is a finished response kept for replays. The Tracker hands out the
@@ -108,6 +112,9 @@ const (
 	// Replayed: a finished response for the same client and key is stored;
 	// send Admission.Response. No lease is taken.
 	Replayed
+	// Conflict: the same client used the key for another request (another
+	// fingerprint), in flight or stored. Refuse it; no lease is taken.
+	Conflict
 )
 
 func (v Verdict) String() string {
@@ -118,6 +125,8 @@ func (v Verdict) String() string {
 		return "joined"
 	case Replayed:
 		return "replayed"
+	case Conflict:
+		return "conflict"
 	}
 	return fmt.Sprintf("Verdict(%d)", int(v))
 }
@@ -184,8 +193,9 @@ type Tracker struct {
 }
 
 type live struct {
-	lease Lease
-	done  chan struct{} // made on the first join, closed by End
+	lease       Lease
+	fingerprint string
+	done        chan struct{} // made on the first join, closed by End
 }
 
 type activity struct {
@@ -227,12 +237,18 @@ func (t *Tracker) Begin(now time.Time, r Request) (Admission, error) {
 	k := storeKey{model: r.Model, client: r.Client, key: r.Key}
 	if r.Key != "" {
 		if p, ok := t.inflight[k]; ok {
+			if p.fingerprint != r.Fingerprint {
+				return Admission{Verdict: Conflict}, nil
+			}
 			if p.done == nil {
 				p.done = make(chan struct{})
 			}
 			return Admission{Verdict: Joined, ID: p.lease.ID, Wait: p.done}, nil
 		}
-		if resp := t.store.get(k); resp != nil {
+		if resp, fp := t.store.get(k); resp != nil {
+			if fp != r.Fingerprint {
+				return Admission{Verdict: Conflict}, nil
+			}
 			return Admission{Verdict: Replayed, Response: resp}, nil
 		}
 	}
@@ -240,7 +256,7 @@ func (t *Tracker) Begin(now time.Time, r Request) (Admission, error) {
 	l := &live{lease: Lease{
 		ID: t.last, Model: r.Model, Client: r.Client, Kind: r.Kind,
 		Streamed: r.Stream, Key: r.Key, Start: now,
-	}}
+	}, fingerprint: r.Fingerprint}
 	t.live[l.lease.ID] = l
 	if r.Key != "" {
 		t.inflight[k] = l
@@ -274,7 +290,7 @@ func (t *Tracker) End(now time.Time, id ID, out Outcome) (e Ended, ok bool) {
 		delete(t.inflight, k)
 		if !out.Cancelled && out.Response != nil {
 			t.store.expire(now)
-			stored = t.store.put(now, k, out.Response)
+			stored = t.store.put(now, k, l.fingerprint, out.Response)
 		}
 	}
 	if l.done != nil {

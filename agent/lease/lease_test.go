@@ -416,3 +416,28 @@ func TestTracker_ConcurrentUse(t *testing.T) {
 		t.Fatalf("leaked: %+v", s)
 	}
 }
+
+func TestTracker_KeyReusedForAnotherRequestIsConflict(t *testing.T) {
+	tr, c := newTracker(t, Options{}, "m")
+	req := Request{Model: "m", Client: "alice", Key: "k1", Fingerprint: "body-a"}
+	other := req
+	other.Fingerprint = "body-b"
+
+	// In flight: the other request neither joins nor takes a lease.
+	a := begin(t, tr, c.advance(time.Second), req)
+	if got := begin(t, tr, c.now, other); got.Verdict != Conflict {
+		t.Fatalf("other request while the first runs = %v, want conflict", got.Verdict)
+	}
+	if ev := evidence(t, tr, "m"); ev.Active != 1 {
+		t.Fatalf("a conflict took a lease: %+v", ev)
+	}
+	end(t, tr, c.advance(time.Second), a.ID, Outcome{Response: resp("answer to a")})
+
+	// Stored: the other request never gets the first one's answer.
+	if got := begin(t, tr, c.now, other); got.Verdict != Conflict || got.Response != nil {
+		t.Fatalf("other request after the first = %+v, want conflict without a response", got)
+	}
+	if got := begin(t, tr, c.now, req); got.Verdict != Replayed || string(got.Response.Body) != "answer to a" {
+		t.Fatalf("the same request = %+v, want its replay", got)
+	}
+}

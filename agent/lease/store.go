@@ -44,6 +44,7 @@ type storeKey struct {
 
 type entry struct {
 	key  storeKey
+	fp   string // the fingerprint of the request that produced resp
 	resp *Stored
 	size int64
 	at   time.Time
@@ -65,18 +66,19 @@ func newStore(opts Options) store {
 
 func (s *store) len() int { return s.order.Len() }
 
-func (s *store) get(k storeKey) *Stored {
+func (s *store) get(k storeKey) (*Stored, string) {
 	if el, ok := s.byKey[k]; ok {
-		return el.Value.(*entry).resp
+		e := el.Value.(*entry)
+		return e.resp, e.fp
 	}
-	return nil
+	return nil, ""
 }
 
 // put stores resp under k, evicting the oldest entries until the bounds
 // hold. It reports false (and stores nothing) when resp alone is over the
 // byte bound.
-func (s *store) put(now time.Time, k storeKey, resp *Stored) bool {
-	size := sizeOf(k, resp)
+func (s *store) put(now time.Time, k storeKey, fp string, resp *Stored) bool {
+	size := sizeOf(k, resp) + int64(len(fp))
 	if size > s.opts.MaxBytes {
 		return false
 	}
@@ -86,7 +88,7 @@ func (s *store) put(now time.Time, k storeKey, resp *Stored) bool {
 	for s.order.Len() >= s.opts.MaxEntries || s.bytes+size > s.opts.MaxBytes {
 		s.remove(s.order.Front())
 	}
-	s.byKey[k] = s.order.PushBack(&entry{key: k, resp: resp, size: size, at: now})
+	s.byKey[k] = s.order.PushBack(&entry{key: k, fp: fp, resp: resp, size: size, at: now})
 	s.bytes += size
 	return true
 }
