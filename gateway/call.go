@@ -61,6 +61,7 @@ type call struct {
 	path, rawPath string
 	proxyErr      error // from the proxy's ErrorHandler
 	bodyErr       error // reading the engine's response body
+	fault         Fault // the engine's side, for the model layer and the log
 	gone          bool  // the client left before the engine answered
 }
 
@@ -336,7 +337,11 @@ func (c *call) proxy(ctx context.Context, r *http.Request, body []byte, t *Ticke
 	complete := false
 	defer func() {
 		c.cancelled = !complete
-		out := Outcome{Cancelled: !complete}
+		if c.bodyErr != nil && ctx.Err() == nil {
+			// Not the deadline nor the client: the engine stopped.
+			c.fault = FaultCut
+		}
+		out := Outcome{Cancelled: !complete, Fault: c.fault}
 		if complete && capture {
 			out.Response = c.w.stored()
 		}

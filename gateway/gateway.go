@@ -205,8 +205,7 @@ func (c *call) finish(r *http.Request) {
 	if status >= 400 || c.cancelled {
 		level = slog.LevelInfo
 	}
-	// Never the body, the query string or a credential: path and labels only.
-	c.g.log.LogAttrs(r.Context(), level, "request",
+	attrs := []slog.Attr{
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
 		slog.String("model", c.model),
@@ -217,5 +216,11 @@ func (c *call) finish(r *http.Request) {
 		slog.Bool("stream", c.stream),
 		slog.Bool("cancelled", c.cancelled),
 		slog.Bool("replayed", c.replayed),
-	)
+	}
+	if c.fault != FaultNone {
+		// "cut": the engine's answer ended before it was complete.
+		attrs = append(attrs, slog.String("engine_fault", c.fault.String()))
+	}
+	// Never the body, the query string or a credential: path and labels only.
+	c.g.log.LogAttrs(r.Context(), level, "request", attrs...)
 }

@@ -72,6 +72,8 @@ type Outcome struct {
 	// Response is the complete response to remember for idempotent
 	// replays; nil when there is no key or the response was too large.
 	Response *StoredResponse
+	// Fault is what went wrong on the engine's side, if anything.
+	Fault Fault
 }
 
 // StoredResponse is a finished response kept in memory for replays.

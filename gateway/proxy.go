@@ -1,12 +1,16 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"sync"
 	"time"
 )
@@ -55,7 +59,7 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 			if resp.StatusCode == http.StatusSwitchingProtocols {
 				return nil
 			}
-			resp.Body = &watchedBody{ReadCloser: resp.Body, c: c}
+			resp.Body = &watchedBody{ReadCloser: resp.Body, c: c, end: endingOf(resp)}
 			if c.served != "" {
 				return c.mapAnswer(resp)
 			}
@@ -64,15 +68,19 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 		ErrorHandler: func(_ http.ResponseWriter, r *http.Request, err error) {
 			c := callOf(r.Context())
 			c.proxyErr = err
-			switch {
-			case errors.Is(r.Context().Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+			// Only the request's own deadline is a 504: a connect timeout
+			// (net's timeout error also reads as DeadlineExceeded) is the
+			// engine's fault.
+			switch ctxErr := r.Context().Err(); {
+			case errors.Is(ctxErr, context.DeadlineExceeded):
 				c.fail(http.StatusGatewayTimeout, "timeout", "the engine of model "+c.model+" did not answer within the request deadline")
-			case r.Context().Err() != nil:
+			case ctxErr != nil:
 				// The client left (or the server is stopping): not an error.
 				c.gone = true
 			default:
-				g.log.Warn("engine connection failed", slog.String("model", c.model), slog.Any("error", err))
-				c.fail(http.StatusBadGateway, "engine_unreachable", "cannot reach the engine of model "+c.model)
+				c.fault = faultOf(err)
+				g.log.Warn("engine connection failed", slog.String("model", c.model), slog.String("fault", c.fault.String()), slog.Any("error", err))
+				c.fail(http.StatusBadGateway, "engine_unreachable", c.fault.message(c.model))
 			}
 		},
 	}
@@ -90,18 +98,81 @@ func (ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // watchedBody remembers a failed read of the engine's response, so a body
-// cut by the engine or the deadline is never reported as complete.
+// cut by the engine or the deadline is never reported as complete. An
+// answer whose end is the engine closing the connection (end != nil) is
+// checked at that end: an engine that dies ends it the same way.
 type watchedBody struct {
 	io.ReadCloser
-	c *call
+	c   *call
+	end *ending
 }
+
+// errCut ends the copy of an answer the engine stopped before its end, so
+// the client's connection is cut too rather than ended as if complete.
+var errCut = errors.New("the engine closed the connection before its answer was complete")
 
 func (b *watchedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if b.end != nil {
+		b.end.add(p[:n])
+		if err == io.EOF && !b.end.complete() {
+			err = errCut
+		}
+	}
 	if err != nil && err != io.EOF && b.c.bodyErr == nil {
 		b.c.bodyErr = err
 	}
 	return n, err
+}
+
+// ending checks that an answer delimited by the connection's close got to
+// its end: an event stream's last event is OpenAI's "data: [DONE]" or
+// Anthropic's message_stop, a JSON answer parses. Other content, and JSON
+// too large to hold, cannot be checked and count as complete.
+type ending struct {
+	sse  bool
+	tail []byte // an event stream's last bytes
+	body []byte // a JSON answer, up to maxStored
+	over bool
+}
+
+const sseTail = 128
+
+func endingOf(resp *http.Response) *ending {
+	if resp.ContentLength >= 0 || slices.Contains(resp.TransferEncoding, "chunked") {
+		return nil // framed: a cut shows as a read error
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	switch {
+	case mt == "text/event-stream":
+		return &ending{sse: true}
+	case mt == "application/json":
+		return &ending{}
+	}
+	return nil
+}
+
+func (e *ending) add(p []byte) {
+	if e.sse {
+		e.tail = append(e.tail, p...)
+		if len(e.tail) > sseTail {
+			e.tail = append(e.tail[:0], e.tail[len(e.tail)-sseTail:]...)
+		}
+		return
+	}
+	if e.over || len(e.body)+len(p) > maxStored {
+		e.over, e.body = true, nil
+		return
+	}
+	e.body = append(e.body, p...)
+}
+
+func (e *ending) complete() bool {
+	if e.sse {
+		t := bytes.TrimSpace(e.tail)
+		return bytes.HasSuffix(t, []byte("data: [DONE]")) || bytes.Contains(t, []byte(`"message_stop"`))
+	}
+	return e.over || json.Valid(e.body)
 }
 
 // bufferPool reuses the proxy's copy buffers: thousands of open streams
