@@ -1,0 +1,349 @@
+// Package sockets reads the kernel's TCP socket table of napd's network
+// namespace and names the processes behind sockets. It answers two
+// questions about an engine's loopback port: which clients outside napd are
+// connected to it (evidence of use napd's leases cannot see), and which
+// processes listen on it (so napd never forwards to a process that is not
+// the engine).
+//
+// The table comes from netlink sock_diag (github.com/vishvananda/netlink),
+// with /proc/net/tcp and /proc/net/tcp6 as the fallback. A socket's owner is
+// found through /proc/PID/fd, which needs the same uid or CAP_SYS_PTRACE: as
+// root napd names every process; otherwise an owner may stay unknown (PID 0)
+// while its uid is still known.
+//
+// The package keeps no state between calls and starts no goroutine.
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+)
+
+// TCP states (include/net/tcp_states.h) that matter here.
+const (
+	StateEstablished uint8 = 0x01
+	StateTimeWait    uint8 = 0x06
+	StateListen      uint8 = 0x0A
+)
+
+// Socket is one row of the TCP table.
+type Socket struct {
+	Local  netip.AddrPort
+	Remote netip.AddrPort
+	State  uint8
+	UID    uint32
+	// Inode identifies the socket in /proc/PID/fd ("socket:[INODE]"); 0
+	// for a connection not yet accepted or one in TIME_WAIT.
+	Inode uint64
+}
+
+// Process names a process.
+type Process struct {
+	PID  int    // 0 when napd could not find it
+	Name string // /proc/PID/comm
+}
+
+func (p Process) String() string {
+	if p.PID == 0 {
+		return "process unknown"
+	}
+	return fmt.Sprintf("pid %d, %s", p.PID, p.Name)
+}
+
+// Reader reads the socket table and /proc. The zero value reads the host's
+// /proc through netlink first, for the calling process.
+type Reader struct {
+	// Proc is procfs' mount point; "" means "/proc".
+	Proc string
+	// Self is napd's own PID; 0 means os.Getpid(). Connections from its
+	// sockets are napd's own.
+	Self int
+	// NoNetlink reads /proc/net/tcp{,6} only (tests, and hosts where
+	// sock_diag is denied).
+	NoNetlink bool
+}
+
+func (r Reader) proc() string {
+	if r.Proc == "" {
+		return "/proc"
+	}
+	return r.Proc
+}
+
+func (r Reader) self() int {
+	if r.Self == 0 {
+		return os.Getpid()
+	}
+	return r.Self
+}
+
+// Table is one reading of the TCP socket table.
+type Table struct {
+	r       Reader
+	Sockets []Socket
+	// Source says where the table came from: "netlink" or "/proc/net/tcp".
+	Source  string
+	owners  map[uint64]Process // inode → owner, filled as owners are looked up
+	scanned bool               // every process's fds are in owners
+}
+
+// Read takes the table: netlink sock_diag for IPv4 and IPv6, else (or when
+// it fails) /proc/net/tcp and /proc/net/tcp6.
+func (r Reader) Read() (*Table, error) {
+	t := &Table{r: r, owners: make(map[uint64]Process)}
+	if !r.NoNetlink {
+		if socks, err := readNetlink(); err == nil {
+			t.Sockets, t.Source = socks, "netlink"
+			return t, nil
+		}
+	}
+	var errs []error
+	found := false
+	for _, f := range []struct {
+		name string
+		v6   bool
+	}{{"tcp", false}, {"tcp6", true}} {
+		data, err := os.ReadFile(filepath.Join(r.proc(), "net", f.name))
+		if err != nil {
+			// A kernel without IPv6 has no tcp6.
+			errs = append(errs, err)
+			continue
+		}
+		socks, err := ParseProcNet(data, f.v6)
+		if err != nil {
+			return nil, fmt.Errorf("socket table: %w", err)
+		}
+		found = true
+		t.Sockets = append(t.Sockets, socks...)
+	}
+	if !found {
+		return nil, fmt.Errorf("socket table: %w", errors.Join(errs...))
+	}
+	t.Source = "/proc/net/tcp"
+	return t, nil
+}
+
+// readNetlink dumps both families. A dump the kernel interrupted (sockets
+// changed meanwhile) is read again once; a second failure falls back.
+func readNetlink() ([]Socket, error) {
+	var out []Socket
+	for _, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
+		socks, err := netlink.SocketDiagTCP(family)
+		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			socks, err = netlink.SocketDiagTCP(family)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range socks {
+			local, ok1 := netip.AddrFromSlice(s.ID.Source)
+			remote, ok2 := netip.AddrFromSlice(s.ID.Destination)
+			if !ok1 || !ok2 {
+				continue
+			}
+			out = append(out, Socket{
+				Local:  netip.AddrPortFrom(local.Unmap(), s.ID.SourcePort),
+				Remote: netip.AddrPortFrom(remote.Unmap(), s.ID.DestinationPort),
+				State:  s.State, UID: s.UID, Inode: uint64(s.INode),
+			})
+		}
+	}
+	return out, nil
+}
+
+// reachesLoopback reports whether a socket bound to a receives connections
+// to 127.0.0.1, where napd reaches its engines.
+func reachesLoopback(a netip.Addr) bool {
+	return a.IsUnspecified() || a == netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// Listener is a socket listening on a port, with its owner.
+type Listener struct {
+	Addr netip.AddrPort
+	UID  uint32
+	Process
+}
+
+// Listeners lists the sockets listening on port that receive connections
+// to 127.0.0.1:port, with their owning processes. Owners are looked for
+// among candidates first (the engine's processes), then everywhere.
+func (t *Table) Listeners(port int, candidates []int) []Listener {
+	var socks []Socket
+	want := map[uint64]bool{}
+	for _, s := range t.Sockets {
+		if s.State == StateListen && int(s.Local.Port()) == port && reachesLoopback(s.Local.Addr()) {
+			socks = append(socks, s)
+			want[s.Inode] = s.Inode != 0
+		}
+	}
+	t.lookup(want, candidates)
+	out := make([]Listener, len(socks))
+	for i, s := range socks {
+		out[i] = Listener{Addr: s.Local, UID: s.UID, Process: t.owners[s.Inode]}
+	}
+	return out
+}
+
+// Peer is a client connected to a port.
+type Peer struct {
+	// Addr is the client's end of the connection.
+	Addr netip.AddrPort
+	Process
+}
+
+func (p Peer) String() string {
+	if p.PID == 0 {
+		return p.Addr.String()
+	}
+	return fmt.Sprintf("%s (%s)", p.Addr, p.Process)
+}
+
+// Outside lists the established connections to port whose client end is
+// not a socket of napd's own process: clients that bypass napd. A client on
+// another host, or one whose process napd cannot see, has PID 0.
+func (t *Table) Outside(port int) ([]Peer, error) {
+	type conn struct{ local, remote netip.AddrPort }
+	clientEnd := map[conn]uint64{} // a connection to port → the inode of its client end
+	var served []Socket            // the engine's ends
+	for _, s := range t.Sockets {
+		if s.State != StateEstablished {
+			continue
+		}
+		if int(s.Local.Port()) == port {
+			served = append(served, s)
+		}
+		if int(s.Remote.Port()) == port {
+			clientEnd[conn{s.Remote, s.Local}] = s.Inode
+		}
+	}
+	if len(served) == 0 {
+		return nil, nil
+	}
+	self, err := t.r.socketInodes(t.r.self())
+	if err != nil {
+		return nil, fmt.Errorf("napd's own sockets: %w", err)
+	}
+	var out []Peer
+	var inodes []uint64
+	want := map[uint64]bool{}
+	for _, s := range served {
+		ino := clientEnd[conn{s.Local, s.Remote}]
+		if ino != 0 && self[ino] {
+			continue
+		}
+		out = append(out, Peer{Addr: s.Remote})
+		inodes = append(inodes, ino)
+		want[ino] = ino != 0
+	}
+	t.lookup(want, nil)
+	for i, ino := range inodes {
+		if ino != 0 {
+			out[i].Process = t.owners[ino]
+		}
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return a.Addr.Compare(b.Addr) })
+	return out, nil
+}
+
+// lookup finds the owners of the wanted inodes: first among candidates,
+// then, if some are still unknown, in every process, once per Table: that
+// scan records every socket's owner for later lookups.
+func (t *Table) lookup(want map[uint64]bool, candidates []int) {
+	missing := func() bool {
+		for ino := range want {
+			if _, ok := t.owners[ino]; !ok && want[ino] {
+				return true
+			}
+		}
+		return false
+	}
+	for _, pid := range candidates {
+		if !missing() {
+			return
+		}
+		t.own(pid, want)
+	}
+	if !missing() || t.scanned {
+		return
+	}
+	t.scanned = true
+	entries, err := os.ReadDir(t.r.proc())
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		t.own(pid, nil)
+	}
+}
+
+// own records pid as the owner of its sockets: the wanted ones, or all
+// when want is nil.
+func (t *Table) own(pid int, want map[uint64]bool) {
+	inodes, err := t.r.socketInodes(pid)
+	if err != nil {
+		return // gone, or not ours to read
+	}
+	for ino := range inodes {
+		if want == nil || want[ino] {
+			if _, ok := t.owners[ino]; !ok {
+				t.owners[ino] = Process{PID: pid, Name: t.r.comm(pid)}
+			}
+		}
+	}
+}
+
+// socketInodes lists the socket inodes among pid's open files.
+func (r Reader) socketInodes(pid int) (map[uint64]bool, error) {
+	dir := filepath.Join(r.proc(), strconv.Itoa(pid), "fd")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uint64]bool)
+	for _, e := range entries {
+		link, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if ino, ok := ParseSocketLink(link); ok {
+			out[ino] = true
+		}
+	}
+	return out, nil
+}
+
+// comm is pid's command name, "" when it cannot be read.
+func (r Reader) comm(pid int) string {
+	b, err := os.ReadFile(filepath.Join(r.proc(), strconv.Itoa(pid), "comm"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// ParseSocketLink reads the target of a /proc/PID/fd link: "socket:[INODE]".
+func ParseSocketLink(link string) (uint64, bool) {
+	s, ok := strings.CutPrefix(link, "socket:[")
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, "]")
+	if !ok {
+		return 0, false
+	}
+	ino, err := strconv.ParseUint(s, 10, 64)
+	return ino, err == nil
+}
