@@ -73,7 +73,7 @@ type Agent struct {
 	sup         *supervisor.Supervisor
 	gpu         gpu.Probe
 	host        host.Probe
-	scraper     enginemetrics.Scraper
+	scraper     *enginemetrics.Scraper
 	footprints  *memo.Store // learned GPU footprints
 	ports       *memo.Store // ports napd allocated for port = 0 models
 	metrics     *metrics.Metrics
@@ -137,7 +137,7 @@ func Run(ctx context.Context, opts Options) error {
 	a.gpu, closeGPU = gpu.Open(runCtx, log)
 	defer closeGPU()
 	a.host = &host.Reader{}
-	a.scraper = enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}
+	a.scraper = &enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}
 
 	reg, err := a.buildRegistry(cfg, nil)
 	if err != nil {

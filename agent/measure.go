@@ -134,7 +134,7 @@ func (a *Agent) measure(ctx context.Context) *measurement {
 			case s.cfg.Transport == config.TransportZMQ:
 				mm.engine = zmqEvidence
 			default:
-				mm.engine, _ = a.scraper.Scrape(ctx, s.spec.BaseURL())
+				mm.engine, _ = a.scraper.Scrape(ctx, s.spec.BaseURL(), s.cfg.ActivityMetrics)
 			}
 			mu.Lock()
 			ms.models[m.name] = mm

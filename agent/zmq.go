@@ -240,7 +240,7 @@ func closeTransport(tr http.RoundTripper) {
 // serves one napd session at a time, so every request it runs came through
 // the gateway and holds a lease: the leases are the whole truth, and the
 // engine adds nothing to them.
-var zmqEvidence = enginemetrics.Evidence{Engine: config.TransportZMQ}
+var zmqEvidence = enginemetrics.Evidence{Engine: config.TransportZMQ, Counts: true}
 
 // startEventPublisher binds the PUB socket of agent.events_address and
 // forwards the lifecycle events (state, wake, sleep) the agent emits until
