@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -97,7 +98,10 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	fs.Var(sizeFlag{&c.opts.MemoryBytes}, "memory", "resident memory held as weights, e.g. 512MiB (sizes as in napd.toml)")
 	fs.IntVar(&c.opts.MaxNumSeqs, "max-num-seqs", 256, "completions running at once; more wait")
 	fs.BoolVar(&c.failStart, "fail-start", false, "exit with status 1 after the startup delay")
+	fs.StringVar(&c.opts.Flavor, "flavor", demoengine.FlavorVLLM, "engine whose metric and status endpoints are served: "+strings.Join(demoengine.Flavors, ", "))
+	fs.BoolVar(&c.opts.Metrics, "metrics", false, "llamacpp flavor: serve /metrics (llama.cpp's --metrics; else 501)")
 	fs.BoolVar(&c.opts.HangHealth, "hang-health", false, "never answer /health")
+	fs.BoolVar(&c.opts.BusyHealth, "busy-health", false, "do not answer /health while a completion runs")
 	fs.IntVar(&c.opts.CrashAfter, "crash-after", 0, "exit with status 3 on the Nth completion (mid-stream if streamed); 0 = never")
 	fs.BoolVar(&c.ignoreSIGTERM, "ignore-sigterm", false, "ignore SIGTERM, so that only SIGKILL stops the engine")
 	if err := fs.Parse(args); err != nil {
@@ -108,6 +112,9 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	}
 	if fs.NArg() > 0 {
 		return c, usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	if !slices.Contains(demoengine.Flavors, c.opts.Flavor) {
+		return c, usageError{fmt.Errorf("unknown --flavor %q (want %s)", c.opts.Flavor, strings.Join(demoengine.Flavors, ", "))}
 	}
 	c.opts.Models = models
 	return c, nil
@@ -137,6 +144,16 @@ func run(args []string, stderr *os.File) error {
 		// between the end of the delay and the exit.
 		c.opts.StartupDelay = 100 * 365 * 24 * time.Hour
 	}
+	if c.opts.Flavor == demoengine.FlavorTGI && !c.failStart {
+		// TGI's router listens only once every shard is loaded: until
+		// then connections are refused.
+		select {
+		case <-time.After(c.opts.StartupDelay):
+		case <-ctx.Done():
+			return nil
+		}
+		c.opts.StartupDelay = 0
+	}
 	engine := demoengine.New(c.opts)
 	ln, err := net.Listen("tcp", net.JoinHostPort(c.host, strconv.Itoa(c.port)))
 	if err != nil {
@@ -150,7 +167,7 @@ func run(args []string, stderr *os.File) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "models", engine.Models(), "sleep_mode", c.opts.SleepMode)
+	log.Info("listening", "addr", ln.Addr().String(), "flavor", c.opts.Flavor, "models", engine.Models(), "sleep_mode", c.opts.SleepMode)
 
 	select {
 	case err := <-served:

@@ -394,3 +394,26 @@ func TestDemoEngine_BadFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestDemoEngine_TGIListensOnceLoaded(t *testing.T) {
+	t.Parallel()
+	p := start(t, "--flavor", "tgi", "--startup-delay", "300ms")
+	if took := time.Since(p.started); took < 300*time.Millisecond {
+		t.Fatalf("listening after %v, before the startup delay", took)
+	}
+	if code, _ := p.get(t, "/health"); code != http.StatusOK {
+		t.Fatalf("/health = %d, want 200 as soon as it listens", code)
+	}
+	if code, body := p.get(t, "/metrics"); code != 200 || !strings.Contains(body, "tgi_batch_current_size 0") {
+		t.Fatalf("/metrics = %d %s", code, body)
+	}
+}
+
+func TestDemoEngine_UnknownFlavor(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(bin, "--flavor", "triton").CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), `unknown --flavor "triton"`) {
+		t.Fatalf("err %v, output %s; want exit status 2 naming the flavor", err, out)
+	}
+}

@@ -52,6 +52,8 @@ type Engine struct {
 	waiting  int
 	idle     chan struct{} // closed when the last job ends
 	admitted int           // completions admitted so far (for CrashAfter)
+	generated int          // tokens generated so far
+	lastEnd   time.Time    // when the last completion ended (Ollama's keep-alive)
 	ids      uint64
 	stats    Stats
 	control  []ControlRequest
@@ -99,6 +101,7 @@ type job struct {
 	cancel  context.CancelCauseFunc
 	ordinal int
 	running bool
+	decoded int // tokens generated so far
 }
 
 // New builds an engine; its startup delay starts now, and the weights
@@ -109,6 +112,9 @@ func New(opts Options) *Engine {
 	}
 	if opts.MaxNumSeqs <= 0 {
 		opts.MaxNumSeqs = defaultMaxNumSeqs
+	}
+	if opts.Flavor == "" {
+		opts.Flavor = FlavorVLLM
 	}
 	e := &Engine{
 		opts:    opts,
@@ -243,6 +249,7 @@ func (e *Engine) finish(j *job) {
 	} else {
 		e.waiting--
 	}
+	e.lastEnd = time.Now()
 	if len(e.jobs) == 0 && e.idle != nil {
 		close(e.idle)
 		e.idle = nil

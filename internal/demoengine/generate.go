@@ -52,14 +52,22 @@ func (e *Engine) generate(chat bool) http.Handler {
 	})
 }
 
-// tokenDelay waits until token i is due: TTFT before the first, the
-// tokens-per-second interval before each other.
-func (e *Engine) tokenDelay(ctx context.Context, i int) error {
+// tokenDelay waits until token i of j is due: TTFT before the first, the
+// tokens-per-second interval before each other. A token that is due counts
+// in the generation counters.
+func (e *Engine) tokenDelay(j *job, i int) error {
 	d := e.interval()
 	if i == 0 {
 		d = e.opts.TTFT
 	}
-	return e.delay(ctx, d)
+	if err := e.delay(j.ctx, d); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.generated++
+	j.decoded++
+	e.mu.Unlock()
+	return nil
 }
 
 // crashes reports whether this job is the CrashAfter-th completion.
@@ -132,7 +140,7 @@ func (g generation) choice(text string, finish any, delta bool) any {
 // time has passed.
 func (e *Engine) complete(w http.ResponseWriter, j *job, g generation) {
 	for i := range g.maxTokens {
-		if err := e.tokenDelay(j.ctx, i); err != nil {
+		if err := e.tokenDelay(j, i); err != nil {
 			e.interrupted(g, err)
 			if errors.Is(err, errAborted) {
 				writeError(w, http.StatusServiceUnavailable, err.Error())
@@ -203,7 +211,7 @@ func (e *Engine) stream(w http.ResponseWriter, j *job, g generation) {
 			e.exit(CrashExitCode)
 			return
 		}
-		err := e.tokenDelay(j.ctx, i)
+		err := e.tokenDelay(j, i)
 		if errors.Is(err, errAborted) {
 			e.interrupted(g, err)
 			// vLLM reports a failure inside a stream as an error event.

@@ -26,7 +26,7 @@ func (e *Engine) Handler() http.Handler {
 	mux.Handle("GET /v1/models", e.loaded(http.HandlerFunc(e.models)))
 	mux.Handle("POST /v1/chat/completions", e.loaded(e.generate(true)))
 	mux.Handle("POST /v1/completions", e.loaded(e.generate(false)))
-	mux.Handle("GET /metrics", e.loaded(http.HandlerFunc(e.metrics)))
+	e.flavorRoutes(mux)
 	mux.HandleFunc("GET /debug/requests", e.debugRequests)
 	mux.HandleFunc("GET /debug/stats", e.debugStats)
 	if e.opts.SleepMode {
@@ -72,18 +72,20 @@ func (e *Engine) recorded(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// health is 503 while loading and 200 after; with HangHealth it never
-// answers, holding the request until the client or server gives up.
+// health is 503 while loading and 200 after (in the flavor's format);
+// with HangHealth it never answers, holding the request until the client
+// or server gives up, and with BusyHealth it does so while a completion
+// runs. Ollama has no /health.
 func (e *Engine) health(w http.ResponseWriter, r *http.Request) {
-	if e.opts.HangHealth {
+	if e.opts.Flavor == FlavorOllama {
+		http.NotFound(w, r)
+		return
+	}
+	if e.opts.HangHealth || e.opts.BusyHealth && e.Stats().Running > 0 {
 		<-r.Context().Done()
 		return
 	}
-	if e.loading() {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
+	e.healthBody(w)
 }
 
 func (e *Engine) models(w http.ResponseWriter, _ *http.Request) {
@@ -108,7 +110,7 @@ func (e *Engine) models(w http.ResponseWriter, _ *http.Request) {
 // metrics writes the vLLM gauges in Prometheus text format.
 func (e *Engine) metrics(w http.ResponseWriter, _ *http.Request) {
 	e.mu.Lock()
-	running, waiting, state := e.running, e.waiting, e.sleepStateLocked()
+	running, waiting, state, generated := e.running, e.waiting, e.sleepStateLocked(), e.generated
 	e.mu.Unlock()
 	labels := fmt.Sprintf(`engine="0",model_name=%q`, e.opts.Models[0])
 	var b strings.Builder
@@ -118,6 +120,7 @@ func (e *Engine) metrics(w http.ResponseWriter, _ *http.Request) {
 	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", float64(running))
 	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", float64(waiting))
 	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", float64(running)/float64(e.opts.MaxNumSeqs))
+	fmt.Fprintf(&b, "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{%s} %d\n", labels, generated)
 	b.WriteString("# HELP vllm:engine_sleep_state Engine sleep state; 1 for the current state.\n# TYPE vllm:engine_sleep_state gauge\n")
 	for _, s := range []string{"awake", "weights_offloaded", "discard_all"} {
 		v := 0

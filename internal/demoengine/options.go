@@ -28,8 +28,17 @@ type Options struct {
 	// touched so that it is resident, kept by a level-1 sleep, freed by a
 	// level-2 sleep and allocated again by the wake.
 	MemoryBytes int64
+	// Flavor is the engine whose status and metric endpoints are served
+	// (Flavor* constants); "" means FlavorVLLM.
+	Flavor string
+	// Metrics enables llama.cpp's /metrics (FlavorLlamaCpp; llama.cpp's
+	// --metrics).
+	Metrics bool
 	// HangHealth makes /health never answer.
 	HangHealth bool
+	// BusyHealth makes /health not answer while a completion runs, like a
+	// server that answers nothing while it generates.
+	BusyHealth bool
 	// CrashAfter makes the engine exit with status 3 on its Nth completion:
 	// a non-streamed one after its answer is sent, a streamed one after a
 	// few chunks. 0 disables it.
