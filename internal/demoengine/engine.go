@@ -41,22 +41,22 @@ type Engine struct {
 	started time.Time
 	slots   chan struct{} // one token per running completion (MaxNumSeqs)
 
-	mu       sync.Mutex
-	asleep   map[string]bool // memory tags currently asleep
-	level    int             // level of the current sleep; 0 when awake
-	closing  bool            // a sleep is draining: admit nothing new
-	stale    bool            // level-2 weights re-allocated, not yet reloaded
-	weights  []byte
-	jobs     map[*job]struct{}
-	running  int
-	waiting  int
-	idle     chan struct{} // closed when the last job ends
-	admitted int           // completions admitted so far (for CrashAfter)
-	generated int          // tokens generated so far
-	lastEnd   time.Time    // when the last completion ended (Ollama's keep-alive)
-	ids      uint64
-	stats    Stats
-	control  []ControlRequest
+	mu        sync.Mutex
+	asleep    map[string]bool // memory tags currently asleep
+	level     int             // level of the current sleep; 0 when awake
+	closing   bool            // a sleep is draining: admit nothing new
+	stale     bool            // level-2 weights re-allocated, not yet reloaded
+	weights   []byte
+	jobs      map[*job]struct{}
+	running   int
+	waiting   int
+	idle      chan struct{} // closed when the last job ends
+	admitted  int           // completions admitted so far (for CrashAfter)
+	generated int           // tokens generated so far
+	lastEnd   time.Time     // when the last completion ended (Ollama's keep-alive)
+	ids       uint64
+	stats     Stats
+	control   []ControlRequest
 }
 
 // Stats are the counters /debug/stats reports.

@@ -189,7 +189,7 @@ func (e *Engine) ollamaPS(w http.ResponseWriter, _ *http.Request) {
 		}
 		for _, name := range e.opts.Models {
 			list.Models = append(list.Models, model{Name: name, Model: name, Size: e.opts.MemoryBytes,
-				Digest: "0000000000000000000000000000000000000000000000000000000000000000",
+				Digest:  "0000000000000000000000000000000000000000000000000000000000000000",
 				Details: map[string]any{"format": "gguf"}, ExpiresAt: expires.UTC(), ContextLength: maxModelLen})
 		}
 	}

@@ -15,7 +15,7 @@ import (
 // requests wait for a slot.
 func ParseSlots(data []byte) (Evidence, error) {
 	var slots []struct {
-		IsProcessing *bool          `json:"is_processing"`
+		IsProcessing *bool           `json:"is_processing"`
 		NextToken    json.RawMessage `json:"next_token"`
 	}
 	if err := json.Unmarshal(data, &slots); err != nil {
