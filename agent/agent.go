@@ -405,11 +405,7 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 		ListAliases:    cfg.Gateway.ListAliases,
 		CORSOrigins:    cfg.Gateway.CORSOrigins,
 		Logger:         a.log,
-		Observe: func(model string, status int, _ time.Duration) {
-			if model != "" {
-				a.metrics.Request(model, status)
-			}
-		},
+		Observe:        a.metrics.Request,
 	}, (*gatewayModels)(a))
 	h := gw.Handler()
 	a.handler.Store(&h)

@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // Headers the gateway reads or sets.
@@ -41,9 +43,13 @@ type call struct {
 	start     time.Time
 	model     string // "" until resolved
 	client    string // API key name
+	kind      lease.Kind
 	stream    bool
+	admitted  bool
 	wake      time.Duration
-	cancelled bool // the response is not complete (left, deadline, engine error)
+	queueWait time.Duration
+	usage     usageScanner // token counts of the engine's answer
+	cancelled bool         // the response is not complete (left, deadline, engine error)
 	replayed  bool
 
 	anthropic   bool // an Anthropic route: errors in Anthropic's shape
@@ -117,10 +123,11 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
 	c.stream = err == nil && fields.Stream
 	c.path, c.rawPath = path, rawPath
+	c.kind = kindOf(path)
 	a := Admission{
 		Model:          c.model,
 		Client:         c.client,
-		Kind:           kindOf(path),
+		Kind:           c.kind,
 		Stream:         c.stream,
 		IdempotencyKey: key,
 	}
@@ -260,12 +267,15 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 
 // admit asks Models for a slot and then replays or proxies.
 func (c *call) admit(ctx context.Context, r *http.Request, body []byte, a Admission) {
+	asked := c.g.now()
 	t, err := c.g.models.Admit(ctx, a)
 	if err != nil {
 		c.refused(err)
 		return
 	}
+	c.admitted = true
 	c.wake = t.WakeWait
+	c.queueWait = max(c.g.now().Sub(asked)-t.WakeWait, 0)
 	if t.Replay != nil {
 		c.replay(t)
 		return

@@ -144,7 +144,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// observation is one call of Options.Observe.
+// observation is the labels of one call of Options.Observe.
 type observation struct {
 	model  string
 	status int
@@ -161,7 +161,7 @@ type env struct {
 	logs   *syncBuffer
 
 	obsMu sync.Mutex
-	obs   []observation
+	obs   []Observation
 }
 
 func newEnv(t *testing.T, engine http.HandlerFunc, opts Options) *env {
@@ -173,9 +173,9 @@ func newEnv(t *testing.T, engine http.HandlerFunc, opts Options) *env {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	opts.Observe = func(model string, status int, _ time.Duration) {
+	opts.Observe = func(o Observation) {
 		e.obsMu.Lock()
-		e.obs = append(e.obs, observation{model, status})
+		e.obs = append(e.obs, o)
 		e.obsMu.Unlock()
 	}
 	if opts.RequestTimeout == 0 {
@@ -190,9 +190,17 @@ func newEnv(t *testing.T, engine http.HandlerFunc, opts Options) *env {
 }
 
 func (e *env) observations() []observation {
+	var out []observation
+	for _, o := range e.observed() {
+		out = append(out, observation{o.Model, o.Status})
+	}
+	return out
+}
+
+func (e *env) observed() []Observation {
 	e.obsMu.Lock()
 	defer e.obsMu.Unlock()
-	return append([]observation(nil), e.obs...)
+	return append([]Observation(nil), e.obs...)
 }
 
 // do sends a request to the gateway and reads the whole reply.

@@ -10,6 +10,8 @@ package gateway
 
 import (
 	"log/slog"
+
+	"github.com/napd/napd/agent/lease"
 	"net/http"
 	"net/http/httputil"
 	"strings"
@@ -42,10 +44,8 @@ type Options struct {
 	// Logger receives one line per request; nil means slog.Default().
 	Logger *slog.Logger
 	// Observe, when non-nil, is called once per request after its last byte
-	// with the model ("" when none was resolved), the status sent (499 when
-	// the client left or the request was aborted before any status) and the
-	// duration. It feeds metrics; it must not block.
-	Observe func(model string, status int, d time.Duration)
+	// with what metrics record of it. It must not block.
+	Observe func(Observation)
 	// Now reads the clock for durations; nil means time.Now.
 	Now func() time.Time
 	// Routes are paths outside /v1 routed to a model: POST by the JSON
@@ -70,6 +70,30 @@ const (
 	DefaultWriteTimeout = 60 * time.Second
 	DefaultBodyTimeout  = 60 * time.Second
 )
+
+// Observation is one finished request as metrics see it: labels, status
+// and timings, never a body or a credential.
+type Observation struct {
+	Model  string // "" when no model was resolved
+	Client string // the API key's name, "" when keys are off
+	Kind   lease.Kind
+	Stream bool
+	// Status is the status sent; StatusClientClosed when the client left
+	// (or the request was aborted) before any status.
+	Status   int
+	Duration time.Duration
+	// Admitted: the request got a slot and went to its engine (or was
+	// replayed). The timings below are set only for admitted requests.
+	Admitted bool
+	// FirstByte is the time to the first byte of the answer's body.
+	FirstByte time.Duration
+	// QueueWait is the time spent waiting for a concurrency slot, WakeWait
+	// the time spent waiting for a wake (and the room it needed).
+	QueueWait, WakeWait time.Duration
+	// Usage is the engine's token count, when HasUsage.
+	Usage    Usage
+	HasUsage bool
+}
 
 // StatusClientClosed is the status reported to the log and to
 // Options.Observe for a request whose client left (or that was aborted)
@@ -190,6 +214,19 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 
 var healthBody = []byte(`{"status":"ok"}`)
 
+func (c *call) observation(status int, d time.Duration) Observation {
+	o := Observation{Model: c.model, Client: c.client, Kind: c.kind, Stream: c.stream,
+		Status: status, Duration: d, Admitted: c.admitted}
+	if c.admitted {
+		o.QueueWait, o.WakeWait = c.queueWait, c.wake
+		if !c.w.firstByte.IsZero() {
+			o.FirstByte = c.w.firstByte.Sub(c.start)
+		}
+		o.Usage, o.HasUsage = c.usage.Usage()
+	}
+	return o
+}
+
 // finish logs the request and reports it to Observe, once, whether the
 // handler returned or is unwinding from an abort.
 func (c *call) finish(r *http.Request) {
@@ -199,7 +236,7 @@ func (c *call) finish(r *http.Request) {
 	}
 	d := c.g.now().Sub(c.start)
 	if c.g.opts.Observe != nil {
-		c.g.opts.Observe(c.model, status, d)
+		c.g.opts.Observe(c.observation(status, d))
 	}
 	level := slog.LevelDebug
 	if status >= 400 || c.cancelled {

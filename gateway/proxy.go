@@ -53,6 +53,7 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 		ModifyResponse: func(resp *http.Response) error {
 			c := callOf(resp.Request.Context())
 			c.setModelHeaders(resp.Header)
+			c.w.now = g.now
 			if c.corsAllowed {
 				dropEngineCORS(resp.Header)
 			}
@@ -119,6 +120,7 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 			err = errCut
 		}
 	}
+	_, _ = b.c.usage.Write(p[:n])
 	if err != nil && err != io.EOF && b.c.bodyErr == nil {
 		b.c.bodyErr = err
 	}
@@ -189,14 +191,17 @@ func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 // idempotent requests, captures the response up to maxStored.
 type recorder struct {
 	http.ResponseWriter
-	rc       *http.ResponseController
-	timeout  time.Duration
-	status   int
-	err      error
-	capture  bool
-	header   http.Header
-	body     []byte
-	overflow bool
+	rc      *http.ResponseController
+	timeout time.Duration
+	status  int
+	err     error
+	// now, set for an engine's answer, stamps firstByte.
+	now       func() time.Time
+	firstByte time.Time
+	capture   bool
+	header    http.Header
+	body      []byte
+	overflow  bool
 }
 
 func newRecorder(w http.ResponseWriter, timeout time.Duration) *recorder {
@@ -235,6 +240,9 @@ func (w *recorder) Write(p []byte) (int, error) {
 		w.WriteHeader(http.StatusOK)
 	}
 	w.extend()
+	if w.now != nil && w.firstByte.IsZero() && len(p) > 0 {
+		w.firstByte = w.now()
+	}
 	n, err := w.ResponseWriter.Write(p)
 	if err != nil && w.err == nil {
 		w.err = err

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/napd/napd/gateway"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -48,10 +49,24 @@ type Metrics struct {
 	Wakes      *prometheus.CounterVec   // model, result
 	Sleeps     *prometheus.CounterVec   // model, reason
 	WakeTime   *prometheus.HistogramVec // model
-	Requests   *prometheus.CounterVec   // model, code
+	Requests   *prometheus.CounterVec   // model, client, code
 	Decisions  *prometheus.CounterVec   // model, action, reason
 	Reloads    *prometheus.CounterVec   // result
 	snapshotFn func() Snapshot
+
+	// Per request, by model, kind and stream.
+	duration, firstByte, queueWait, wakeWait *prometheus.HistogramVec
+	// By model and client.
+	promptTokens, completionTokens *prometheus.CounterVec
+}
+
+// RequestBuckets are the request histograms' buckets (seconds): from a
+// cached embedding (10 ms) to a long generation behind a cold wake (10 min).
+var RequestBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}
+
+func requestHistogram(name, help string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: RequestBuckets},
+		[]string{"model", "kind", "stream"})
 }
 
 // New registers every metric. snapshot is called at each scrape.
@@ -70,8 +85,9 @@ func New(snapshot func() Snapshot) *Metrics {
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
 		}, []string{"model"}),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "napd_requests_total", Help: "Gateway requests by model and HTTP status code.",
-		}, []string{"model", "code"}),
+			Name: "napd_requests_total",
+			Help: "Gateway requests by model (\"\" when none was resolved), client (the API key's name) and HTTP status code (499: the client left first).",
+		}, []string{"model", "client", "code"}),
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "napd_planner_decisions_total", Help: "Planner decisions by model, action and reason.",
 		}, []string{"model", "action", "reason"}),
@@ -79,8 +95,23 @@ func New(snapshot func() Snapshot) *Metrics {
 			Name: "napd_config_reloads_total", Help: "Configuration reloads by result (ok, invalid).",
 		}, []string{"result"}),
 		snapshotFn: snapshot,
+		duration: requestHistogram("napd_request_duration_seconds",
+			"Admitted requests: time from arrival to the last byte of the answer."),
+		firstByte: requestHistogram("napd_request_first_byte_seconds",
+			"Admitted requests: time from arrival to the first byte of the engine's answer (the first token of a stream)."),
+		queueWait: requestHistogram("napd_request_queue_wait_seconds",
+			"Admitted requests: time waiting for a concurrency slot."),
+		wakeWait: requestHistogram("napd_request_wake_wait_seconds",
+			"Requests that waited for a wake: time waiting for it, including making room."),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "napd_prompt_tokens_total", Help: "Prompt tokens by model and client, from the engine's usage object.",
+		}, []string{"model", "client"}),
+		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "napd_completion_tokens_total", Help: "Completion tokens by model and client, from the engine's usage object.",
+		}, []string{"model", "client"}),
 	}
 	m.reg.MustRegister(m.Wakes, m.Sleeps, m.WakeTime, m.Requests, m.Decisions, m.Reloads,
+		m.duration, m.firstByte, m.queueWait, m.wakeWait, m.promptTokens, m.completionTokens,
 		(*gauges)(m),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -94,10 +125,19 @@ func (m *Metrics) Handler() http.Handler {
 
 // Forget drops the counters of a model removed by a reload.
 func (m *Metrics) Forget(model string) {
-	for _, v := range []*prometheus.CounterVec{m.Wakes, m.Sleeps, m.Requests, m.Decisions} {
+	for _, v := range []*prometheus.CounterVec{m.Wakes, m.Sleeps, m.Requests, m.Decisions, m.promptTokens, m.completionTokens} {
 		v.DeletePartialMatch(prometheus.Labels{"model": model})
 	}
-	m.WakeTime.DeletePartialMatch(prometheus.Labels{"model": model})
+	for _, v := range []*prometheus.HistogramVec{m.WakeTime, m.duration, m.firstByte, m.queueWait, m.wakeWait} {
+		v.DeletePartialMatch(prometheus.Labels{"model": model})
+	}
+}
+
+// ForgetClient drops the series of an API key removed by a reload.
+func (m *Metrics) ForgetClient(client string) {
+	for _, v := range []*prometheus.CounterVec{m.Requests, m.promptTokens, m.completionTokens} {
+		v.DeletePartialMatch(prometheus.Labels{"client": client})
+	}
 }
 
 var (
@@ -162,7 +202,24 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Request counts one gateway reply.
-func (m *Metrics) Request(model string, status int) {
-	m.Requests.WithLabelValues(model, strconv.Itoa(status)).Inc()
+// Request records one finished gateway request. Label values are bounded:
+// models by the config, clients by the keys file, kinds by the gateway.
+func (m *Metrics) Request(o gateway.Observation) {
+	m.Requests.WithLabelValues(o.Model, o.Client, strconv.Itoa(o.Status)).Inc()
+	if !o.Admitted || o.Model == "" {
+		return
+	}
+	kind, stream := string(o.Kind), strconv.FormatBool(o.Stream)
+	m.duration.WithLabelValues(o.Model, kind, stream).Observe(o.Duration.Seconds())
+	m.queueWait.WithLabelValues(o.Model, kind, stream).Observe(o.QueueWait.Seconds())
+	if o.FirstByte > 0 {
+		m.firstByte.WithLabelValues(o.Model, kind, stream).Observe(o.FirstByte.Seconds())
+	}
+	if o.WakeWait > 0 {
+		m.wakeWait.WithLabelValues(o.Model, kind, stream).Observe(o.WakeWait.Seconds())
+	}
+	if o.HasUsage {
+		m.promptTokens.WithLabelValues(o.Model, o.Client).Add(float64(o.Usage.PromptTokens))
+		m.completionTokens.WithLabelValues(o.Model, o.Client).Add(float64(o.Usage.CompletionTokens))
+	}
 }

@@ -4,6 +4,10 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/gateway"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -56,9 +60,14 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 		HavePSI:       true, PSISomeAvg10: 1.5,
 	}
 	m := New(func() Snapshot { return snap })
-	m.Request("a", 200)
-	m.Request("a", 200)
-	m.Request("a", 504)
+	ok := gateway.Observation{Model: "a", Client: "alice", Kind: lease.KindChat, Stream: true, Status: 200,
+		Admitted: true, Duration: 3 * time.Second, FirstByte: 400 * time.Millisecond, QueueWait: 20 * time.Millisecond,
+		WakeWait: 2 * time.Second, Usage: gateway.Usage{PromptTokens: 10, CompletionTokens: 5}, HasUsage: true}
+	m.Request(ok)
+	ok.Client, ok.Usage.PromptTokens, ok.WakeWait, ok.FirstByte = "bob", 7, 0, 0
+	m.Request(ok)
+	m.Request(gateway.Observation{Model: "a", Client: "bob", Kind: lease.KindChat, Status: 504})
+	m.Request(gateway.Observation{Status: 401})
 	m.Wakes.WithLabelValues("a", "ok").Inc()
 	m.WakeTime.WithLabelValues("a").Observe(0.4)
 	m.Sleeps.WithLabelValues("b", "idle").Inc()
@@ -80,8 +89,17 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 		{"napd_gpu_memory_total_bytes", map[string]string{"gpu": "0"}, 80 << 30},
 		{"napd_host_memory_available_bytes", nil, 4 << 30},
 		{"napd_memory_pressure_some_avg10", nil, 1.5},
-		{"napd_requests_total", map[string]string{"model": "a", "code": "200"}, 2},
+		{"napd_requests_total", map[string]string{"model": "a", "client": "alice", "code": "200"}, 1},
+		{"napd_requests_total", map[string]string{"model": "a", "client": "bob", "code": "200"}, 1},
 		{"napd_requests_total", map[string]string{"model": "a", "code": "504"}, 1},
+		{"napd_requests_total", map[string]string{"model": "", "client": "", "code": "401"}, 1},
+		{"napd_request_duration_seconds", map[string]string{"model": "a", "kind": "chat", "stream": "true"}, 2},
+		{"napd_request_queue_wait_seconds", map[string]string{"model": "a", "kind": "chat", "stream": "true"}, 2},
+		{"napd_request_first_byte_seconds", map[string]string{"model": "a", "kind": "chat", "stream": "true"}, 1},
+		{"napd_request_wake_wait_seconds", map[string]string{"model": "a", "kind": "chat", "stream": "true"}, 1},
+		{"napd_prompt_tokens_total", map[string]string{"model": "a", "client": "alice"}, 10},
+		{"napd_prompt_tokens_total", map[string]string{"model": "a", "client": "bob"}, 7},
+		{"napd_completion_tokens_total", map[string]string{"model": "a", "client": "bob"}, 5},
 		{"napd_wakes_total", map[string]string{"model": "a", "result": "ok"}, 1},
 		{"napd_wake_duration_seconds", map[string]string{"model": "a"}, 1},
 		{"napd_sleeps_total", map[string]string{"model": "b", "reason": "idle"}, 1},
@@ -102,8 +120,26 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 		t.Error("unmeasured engine memory must not be exported as a number")
 	}
 
+	h := f["napd_request_duration_seconds"].GetMetric()[0].GetHistogram()
+	if b := h.GetBucket(); len(b) != len(RequestBuckets)+1 || b[0].GetUpperBound() != 0.01 || b[len(b)-2].GetUpperBound() != 600 {
+		t.Errorf("duration buckets %v, want 10ms … 10min and +Inf", b)
+	}
+	if h.GetSampleSum() != 6 {
+		t.Errorf("duration sum %v, want 6", h.GetSampleSum())
+	}
+
+	m.ForgetClient("bob")
+	if _, ok := value(scrape(t, m)["napd_prompt_tokens_total"], map[string]string{"client": "bob"}); ok {
+		t.Error("ForgetClient left the removed key's token counters")
+	}
 	m.Forget("a")
-	if _, ok := scrape(t, m)["napd_requests_total"]; ok {
+	f = scrape(t, m)
+	for _, name := range []string{"napd_request_duration_seconds", "napd_prompt_tokens_total", "napd_wake_duration_seconds"} {
+		if _, ok := f[name]; ok {
+			t.Errorf("Forget left the removed model's %s", name)
+		}
+	}
+	if _, ok := value(f["napd_requests_total"], map[string]string{"model": "a"}); ok {
 		t.Error("Forget left the removed model's request counters")
 	}
 }

@@ -1,0 +1,184 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Usage is the token count an engine reported for one request, read from
+// the last `usage` object of its answer (the body of a plain answer, the
+// final chunk of a stream sent with stream_options.include_usage).
+type Usage struct {
+	PromptTokens     int64
+	CompletionTokens int64
+}
+
+// usageScanner finds the last `"usage": {…}` object in a response body as
+// it streams through, without keeping the body: only the small object
+// itself is buffered, up to maxUsageObject bytes (a larger one is skipped).
+// It reads counts only; no other byte of the answer is kept or logged.
+//
+// In valid JSON the bytes `"usage"` followed by `:` can only be a key: the
+// same word inside a string has its quotes escaped. A key named usage at
+// any depth counts; the engines put it at the top level of the answer or
+// of each chunk.
+type usageScanner struct {
+	state    scanState
+	matched  int    // bytes of usageKey matched so far (stateKey)
+	prevEsc  bool   // the byte before the match was a backslash
+	obj      []byte // the object being captured (stateObject)
+	depth    int
+	inString bool
+	escape   bool
+	last     Usage
+	found    bool
+}
+
+type scanState uint8
+
+const (
+	stateSearch scanState = iota // looking for usageKey
+	stateColon                   // after the key: whitespace, then ':'
+	stateValue                   // after ':': whitespace, then '{'
+	stateObject                  // inside the object, capturing
+	stateSkip                    // inside an object too large to capture
+)
+
+var usageKey = []byte(`"usage"`)
+
+// maxUsageObject bounds a captured usage object; vLLM's, with its details,
+// is under 200 bytes.
+const maxUsageObject = 1024
+
+// Write feeds the next bytes of the body. It never fails.
+func (s *usageScanner) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		switch s.state {
+		case stateSearch:
+			p = s.search(p)
+		case stateColon, stateValue:
+			switch c := p[0]; {
+			case c == ' ' || c == '\t' || c == '\r' || c == '\n':
+			case s.state == stateColon && c == ':':
+				s.state = stateValue
+			case s.state == stateValue && c == '{':
+				s.state, s.depth, s.inString, s.escape = stateObject, 1, false, false
+				s.obj = append(s.obj[:0], '{')
+			default:
+				// Not an object (vLLM sends "usage":null in chunks without
+				// one): search again from this byte.
+				s.state, s.prevEsc = stateSearch, false
+				continue
+			}
+			p = p[1:]
+		case stateObject, stateSkip:
+			p = s.object(p)
+		}
+	}
+	return n, nil
+}
+
+// search looks for usageKey, across writes, and returns what follows it.
+func (s *usageScanner) search(p []byte) []byte {
+	if s.matched > 0 {
+		// Continue a match split by the previous write.
+		k := min(len(usageKey)-s.matched, len(p))
+		if bytes.Equal(p[:k], usageKey[s.matched:s.matched+k]) {
+			s.matched += k
+			if s.matched < len(usageKey) {
+				return nil
+			}
+			s.matched = 0
+			s.state = stateColon
+			return p[k:]
+		}
+		s.matched, s.prevEsc = 0, false
+		// A restart of the match inside the failed one can only begin at
+		// a quote, which the plain search below finds.
+	}
+	for {
+		i := bytes.IndexByte(p, '"')
+		if i < 0 {
+			s.prevEsc = len(p) > 0 && p[len(p)-1] == '\\'
+			return nil
+		}
+		esc := s.prevEsc
+		if i > 0 {
+			esc = p[i-1] == '\\'
+		}
+		rest := p[i:]
+		k := min(len(usageKey), len(rest))
+		if !esc && bytes.Equal(rest[:k], usageKey[:k]) {
+			if k < len(usageKey) {
+				s.matched = k
+				return nil
+			}
+			s.state = stateColon
+			return rest[k:]
+		}
+		// The byte after a quote is not escaped by it.
+		s.prevEsc = false
+		p = rest[1:]
+	}
+}
+
+// object captures the usage object up to its closing brace.
+func (s *usageScanner) object(p []byte) []byte {
+	for i, c := range p {
+		switch {
+		case s.escape:
+			s.escape = false
+		case s.inString:
+			switch c {
+			case '\\':
+				s.escape = true
+			case '"':
+				s.inString = false
+			}
+		case c == '"':
+			s.inString = true
+		case c == '{':
+			s.depth++
+		case c == '}':
+			s.depth--
+		}
+		if s.depth == 0 {
+			if s.state == stateObject && len(s.obj)+i+1 <= maxUsageObject {
+				s.obj = append(s.obj, p[:i+1]...)
+				s.parse()
+			}
+			s.state, s.prevEsc = stateSearch, false
+			return p[i+1:]
+		}
+	}
+	if s.state == stateObject {
+		if len(s.obj)+len(p) > maxUsageObject {
+			s.state, s.obj = stateSkip, s.obj[:0]
+		} else {
+			s.obj = append(s.obj, p...)
+		}
+	}
+	return nil
+}
+
+// usageFields are the counts read; other fields of the object are ignored.
+type usageFields struct {
+	PromptTokens     *int64 `json:"prompt_tokens"`
+	CompletionTokens *int64 `json:"completion_tokens"`
+}
+
+func (s *usageScanner) parse() {
+	var f usageFields
+	if json.Unmarshal(s.obj, &f) != nil || f.PromptTokens == nil || *f.PromptTokens < 0 {
+		return
+	}
+	u := Usage{PromptTokens: *f.PromptTokens}
+	if f.CompletionTokens != nil && *f.CompletionTokens >= 0 {
+		u.CompletionTokens = *f.CompletionTokens // embeddings have none
+	}
+	s.last, s.found = u, true
+}
+
+// Usage is the last complete usage object seen, if any.
+func (s *usageScanner) Usage() (Usage, bool) { return s.last, s.found }
