@@ -93,6 +93,7 @@ install -D -m 0644 "$top/etc/napd/napd.toml" "$stage/etc/napd/napd.toml"
 install -D -m 0644 -t "$stage/lib/systemd/system" "$pkg/systemd/napd.service" "$pkg/systemd/napd.socket"
 install -D -m 0644 "$pkg/sysusers.conf" "$stage/usr/lib/sysusers.d/napd.conf"
 install -D -m 0644 "$pkg/tmpfiles.conf" "$stage/usr/lib/tmpfiles.d/napd.conf"
+install -D -m 0644 "$pkg/grafana/napd.json" "$stage/usr/share/napd/grafana/napd.json"
 install -D -m 0644 "$pkg/debian/lintian-overrides" "$stage/usr/share/lintian/overrides/napd"
 for page in "$pkg"/man/*.[1-8]; do
 	section=${page##*.}

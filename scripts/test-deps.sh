@@ -11,6 +11,8 @@ PACKAGES=(
 	lintian         # checks the built .deb
 	dpkg-dev        # dpkg-shlibdeps and dpkg-buildflags for make deb
 	curl            # the package test's client inside the systemd box
+	chromium        # headless browser that renders the status page (tests/gateway)
+	fonts-dejavu-core # a font for that browser's screenshot
 )
 
 installed() {

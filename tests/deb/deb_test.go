@@ -110,6 +110,7 @@ func TestDeb_Contents(t *testing.T) {
 		"lib/systemd/system/napd.service", "lib/systemd/system/napd.socket",
 		"etc/napd/napd.toml", "usr/lib/sysusers.d/napd.conf", "usr/lib/tmpfiles.d/napd.conf",
 		"usr/share/doc/napd/copyright", "usr/share/doc/napd/changelog.gz", "usr/share/doc/napd/README.md",
+		"usr/share/napd/grafana/napd.json",
 		"usr/share/man/man8/napd.8.gz", "usr/share/man/man8/napctl.8.gz", "usr/share/man/man5/napd.toml.5.gz",
 	} {
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
