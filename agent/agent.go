@@ -394,6 +394,11 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 			return err
 		}
 	}
+	prev := a.gw.Load()
+	if prev != nil && keys != nil {
+		// A key's requests in flight still count against its limit.
+		keys.Inherit(prev.APIKeys())
+	}
 	gw := gateway.New(gateway.Options{
 		MaxBody:        cfg.Gateway.MaxBody,
 		RequestTimeout: cfg.Gateway.RequestTimeout,
@@ -410,6 +415,9 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 	h := gw.Handler()
 	a.handler.Store(&h)
 	a.gw.Store(gw)
+	if prev != nil {
+		a.forgetClients(prev.APIKeys(), keys)
+	}
 	return nil
 }
 
@@ -419,6 +427,24 @@ func gatewayRoutes(rs []config.Route) []gateway.Route {
 		out[i] = gateway.Route{Method: r.Method, Path: r.Path}
 	}
 	return out
+}
+
+// forgetClients drops the request and token series of keys a reload removed.
+func (a *Agent) forgetClients(old, cur *gateway.APIKeys) {
+	if old == nil {
+		return
+	}
+	keep := map[string]bool{}
+	if cur != nil {
+		for _, n := range cur.Names() {
+			keep[n] = true
+		}
+	}
+	for _, n := range old.Names() {
+		if !keep[n] {
+			a.metrics.ForgetClient(n)
+		}
+	}
 }
 
 // modelHandler is the handler of a model's dedicated socket.

@@ -5,22 +5,65 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
-// APIKeys is a parsed api_keys_file: named bearer keys. Only SHA-256
-// digests of the keys are kept, so every comparison has the same length.
+// APIKeys is a parsed api_keys_file: named bearer keys and what each may
+// do. Only SHA-256 digests of the keys are kept, so every comparison has
+// the same length.
 type APIKeys struct {
 	names   []string
 	digests [][sha256.Size]byte
+	scopes  []*Scope // parallel to names
+	byName  map[string]*Scope
 }
 
-// LoadAPIKeys reads an api_keys_file: one "name:key" per line, '#'
-// comments and blank lines ignored. Errors name the file and the line and
-// never contain a key.
+// Role is what a key may do.
+type Role string
+
+const (
+	// RoleInference may call the OpenAI API of the models it may use.
+	RoleInference Role = "inference"
+	// RoleAdmin may also use the admin API and the status page (/napd/).
+	RoleAdmin Role = "admin"
+)
+
+// Scope is what one key may do: its optional fields in the keys file. A key
+// without fields may use every model for inference, without a limit of its
+// own, as keys always could.
+type Scope struct {
+	Name string
+	// Models are the patterns of the model names (or aliases) the key may
+	// use; nil means every model. '*' matches any run of characters, '?'
+	// one character.
+	Models []string
+	Role   Role
+	// Concurrency is the most requests the key may have in flight at once;
+	// 0 means no limit of its own.
+	Concurrency int
+	// inflight counts the key's requests; a reload hands it to the key of
+	// the same name, so a limit holds across reloads.
+	inflight *atomic.Int64
+}
+
+// maxKeyConcurrency bounds the concurrency field (a typo such as 1e9 is an
+// error, not "unlimited").
+const maxKeyConcurrency = 100000
+
+// LoadAPIKeys reads an api_keys_file: one key per line, '#' comments and
+// blank lines ignored. A line is "name:key", optionally followed by
+// whitespace-separated fields:
+//
+//	alice:sk-alice models=llama-*,qwen2.5 concurrency=4
+//	ops:sk-ops role=admin
+//
+// Errors name the file and the line and never contain a key.
 func LoadAPIKeys(path string) (*APIKeys, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -30,7 +73,7 @@ func LoadAPIKeys(path string) (*APIKeys, error) {
 }
 
 func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
-	k := &APIKeys{}
+	k := &APIKeys{byName: map[string]*Scope{}}
 	names := map[string]int{}
 	digests := map[[sha256.Size]byte]int{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -40,8 +83,13 @@ func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		name, key, ok := strings.Cut(line, ":")
-		name, key = strings.TrimSpace(name), strings.TrimSpace(key)
+		name, rest, ok := strings.Cut(line, ":")
+		name = strings.TrimSpace(name)
+		fields := strings.Fields(rest)
+		key := ""
+		if len(fields) > 0 {
+			key, fields = fields[0], fields[1:]
+		}
 		switch {
 		case !ok:
 			return nil, fmt.Errorf("%s:%d: want \"name:key\"", file, n)
@@ -51,8 +99,10 @@ func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
 			return nil, fmt.Errorf("%s:%d: key %q is empty", file, n, name)
 		case strings.ContainsAny(name, " \t"):
 			return nil, fmt.Errorf("%s:%d: key name %q contains a space", file, n, name)
-		case strings.ContainsAny(key, " \t"):
-			return nil, fmt.Errorf("%s:%d: key %q contains a space", file, n, name)
+		}
+		scope, err := parseScope(name, fields)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: key %q: %w", file, n, name, err)
 		}
 		if prev, dup := names[name]; dup {
 			return nil, fmt.Errorf("%s:%d: key name %q already used on line %d", file, n, name, prev)
@@ -64,6 +114,8 @@ func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
 		names[name], digests[d] = n, n
 		k.names = append(k.names, name)
 		k.digests = append(k.digests, d)
+		k.scopes = append(k.scopes, scope)
+		k.byName[name] = scope
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
@@ -72,6 +124,148 @@ func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
 		return nil, fmt.Errorf("%s: no keys (remove api_keys_file to turn keys off)", file)
 	}
 	return k, nil
+}
+
+// parseScope reads a key's optional fields. An error never quotes a
+// field without '=': it may be the rest of a key written with a space.
+func parseScope(name string, fields []string) (*Scope, error) {
+	s := &Scope{Name: name, Role: RoleInference, inflight: new(atomic.Int64)}
+	seen := map[string]bool{}
+	for _, f := range fields {
+		field, value, ok := strings.Cut(f, "=")
+		if !ok {
+			return nil, errors.New("text after the key that is not a field (want models=, role= or concurrency=; a key cannot contain spaces)")
+		}
+		if seen[field] {
+			return nil, fmt.Errorf("field %q given twice", field)
+		}
+		seen[field] = true
+		if value == "" {
+			return nil, fmt.Errorf("field %q is empty", field)
+		}
+		switch field {
+		case "models":
+			for _, p := range strings.Split(value, ",") {
+				if p == "" {
+					return nil, fmt.Errorf("models=%s: empty pattern", value)
+				}
+				s.Models = append(s.Models, p)
+			}
+		case "role":
+			switch r := Role(value); r {
+			case RoleInference, RoleAdmin:
+				s.Role = r
+			default:
+				return nil, fmt.Errorf("role=%s: want %q or %q", value, RoleInference, RoleAdmin)
+			}
+		case "concurrency":
+			c, err := strconv.Atoi(value)
+			if err != nil || c < 1 || c > maxKeyConcurrency {
+				return nil, fmt.Errorf("concurrency=%s: want a whole number from 1 to %d", value, maxKeyConcurrency)
+			}
+			s.Concurrency = c
+		default:
+			return nil, fmt.Errorf("unknown field %q (want models=, role= or concurrency=)", field)
+		}
+	}
+	return s, nil
+}
+
+// Names lists the keys' names (the client labels).
+func (k *APIKeys) Names() []string { return append([]string(nil), k.names...) }
+
+// Inherit makes the in-flight counts of old's keys those of k's keys of the
+// same name, so a per-key limit holds while requests admitted before a
+// reload finish.
+func (k *APIKeys) Inherit(old *APIKeys) {
+	if old == nil {
+		return
+	}
+	for name, s := range k.byName {
+		if o := old.byName[name]; o != nil {
+			s.inflight = o.inflight
+		}
+	}
+}
+
+// scope is the named key's scope.
+func (k *APIKeys) scope(name string) *Scope { return k.byName[name] }
+
+// MayUse reports whether the key may use the model named requested, which
+// resolved to model (the model's own name): a pattern may match either. A
+// nil scope (keys off) may use every model.
+func (s *Scope) MayUse(requested, model string) bool {
+	if s == nil || s.Models == nil {
+		return true
+	}
+	for _, p := range s.Models {
+		if glob(p, requested) || (model != "" && glob(p, model)) {
+			return true
+		}
+	}
+	return false
+}
+
+// mayList reports whether GET /v1/models shows m to the key: when it may
+// use m by its name or one of its aliases. A nil scope (keys off) sees all.
+func (s *Scope) mayList(m ModelInfo) bool {
+	if s.MayUse(m.Name, m.Name) {
+		return true
+	}
+	for _, a := range m.Aliases {
+		if s.MayUse(a, "") {
+			return true
+		}
+	}
+	return false
+}
+
+// acquire takes one of the key's concurrency slots; release gives it back.
+func (s *Scope) acquire() bool {
+	if s.Concurrency == 0 {
+		return true
+	}
+	if s.inflight.Add(1) > int64(s.Concurrency) {
+		s.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *Scope) release() {
+	if s.Concurrency > 0 {
+		s.inflight.Add(-1)
+	}
+}
+
+// glob matches name against pattern: '*' is any run of characters
+// (including '/', which model names such as org/model contain), '?' one
+// character, everything else itself.
+func glob(pattern, name string) bool {
+	// Iterative matching with backtracking to the last star: linear in
+	// practice, never exponential.
+	p, n := 0, 0
+	star, mark := -1, 0
+	for n < len(name) {
+		switch {
+		case p < len(pattern) && (pattern[p] == '?' || pattern[p] == name[n]):
+			p++
+			n++
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, n
+			p++
+		case star >= 0:
+			p = star + 1
+			mark++
+			n = mark
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
 }
 
 // Len is the number of keys.

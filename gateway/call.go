@@ -43,6 +43,7 @@ type call struct {
 	start     time.Time
 	model     string // "" until resolved
 	client    string // API key name
+	scope     *Scope // the API key's scope; nil when keys are off
 	kind      lease.Kind
 	stream    bool
 	admitted  bool
@@ -113,12 +114,20 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 			c.fail(http.StatusBadRequest, "missing_model", "request body has no \"model\"")
 			return
 		}
-		model, ok := c.g.models.Resolve(fields.Model)
+		model, ok := c.resolve(fields.Model)
 		if !ok {
-			c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", fields.Model))
 			return
 		}
 		c.model, c.requested = model, fields.Model
+	}
+	if c.scope != nil {
+		if !c.scope.acquire() {
+			c.w.Header().Set("Retry-After", "1")
+			c.fail(http.StatusTooManyRequests, "key_concurrency_limit",
+				fmt.Sprintf("API key %q already has %d requests in flight (its concurrency limit)", c.client, c.scope.Concurrency))
+			return
+		}
+		defer c.scope.release()
 	}
 	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
 	c.stream = err == nil && fields.Stream
@@ -158,15 +167,42 @@ func (c *call) upstream(r *http.Request) {
 	nameEsc, pathEsc, _ := strings.Cut(rest, "/")
 	// EscapedPath is always a valid escaping, so unescaping cannot fail.
 	name, _ := url.PathUnescape(nameEsc)
-	model, ok := c.g.models.Resolve(name)
+	model, ok := c.resolve(name)
 	if !ok {
-		c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
 		return
 	}
 	c.model = model
 	rawPath := "/" + pathEsc
 	path, _ := url.PathUnescape(rawPath)
 	c.forward(r, path, rawPath, false)
+}
+
+// resolve finds the model a name or alias names, for the request's key: it
+// answers 403 (a name the key may not use) or 404 and returns false.
+func (c *call) resolve(name string) (string, bool) {
+	model, ok := c.g.models.Resolve(name)
+	if !c.mayUse(name, model) {
+		return "", false
+	}
+	if !ok {
+		c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
+		return "", false
+	}
+	return model, true
+}
+
+// mayUse answers 403 unless the request's key may use the model named
+// requested, which resolved to model ("" when no such model exists). A
+// denied name gets the same answer whether it exists or not, so a key
+// cannot probe for the models it may not use.
+func (c *call) mayUse(requested, model string) bool {
+	if c.scope.MayUse(requested, model) {
+		return true
+	}
+	c.fail(http.StatusForbidden, "model_not_allowed",
+		fmt.Sprintf("API key %q may not use model %q: it may use only models matching %s",
+			c.client, requested, strings.Join(c.scope.Models, ",")))
+	return false
 }
 
 // deadline derives the request's single budget from request_timeout and
@@ -387,10 +423,17 @@ func (c *call) listModels(r *http.Request) {
 	infos := c.g.models.List()
 	list := modelList{Object: "list", Data: make([]modelEntry, 0, len(infos))}
 	for _, m := range infos {
-		list.Data = append(list.Data, c.g.entry(m, ""))
+		if !c.scope.mayList(m) {
+			continue
+		}
+		if !c.g.opts.ListAliases || c.scope.MayUse(m.Name, m.Name) {
+			list.Data = append(list.Data, c.g.entry(m, ""))
+		}
 		if c.g.opts.ListAliases {
 			for _, a := range m.Aliases {
-				list.Data = append(list.Data, c.g.entry(m, a))
+				if c.scope.MayUse(a, m.Name) {
+					list.Data = append(list.Data, c.g.entry(m, a))
+				}
 			}
 		}
 	}
@@ -404,18 +447,21 @@ func (c *call) getModel(r *http.Request, name string) {
 		c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on /v1/models/")
 		return
 	}
-	if model, ok := c.g.models.Resolve(name); ok {
-		alias := ""
-		if model != name && c.g.opts.ListAliases {
-			alias = name
-		}
-		for _, m := range c.g.models.List() {
-			if m.Name == model {
-				c.writeValue(http.StatusOK, c.g.entry(m, alias))
-				return
-			}
+	model, ok := c.resolve(name)
+	if !ok {
+		return
+	}
+	alias := ""
+	if model != name && c.g.opts.ListAliases {
+		alias = name
+	}
+	for _, m := range c.g.models.List() {
+		if m.Name == model {
+			c.writeValue(http.StatusOK, c.g.entry(m, alias))
+			return
 		}
 	}
+	// Removed by a reload between Resolve and List.
 	c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
 }
 

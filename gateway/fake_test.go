@@ -162,11 +162,12 @@ type env struct {
 
 	obsMu sync.Mutex
 	obs   []Observation
+	obsCh chan Observation // every observation, in order
 }
 
 func newEnv(t *testing.T, engine http.HandlerFunc, opts Options) *env {
 	t.Helper()
-	e := &env{t: t, logs: &syncBuffer{}}
+	e := &env{t: t, logs: &syncBuffer{}, obsCh: make(chan Observation, 100)}
 	e.engine = httptest.NewServer(engine)
 	t.Cleanup(e.engine.Close)
 	e.models = newFakeModels(t, e.engine.URL)
@@ -177,6 +178,10 @@ func newEnv(t *testing.T, engine http.HandlerFunc, opts Options) *env {
 		e.obsMu.Lock()
 		e.obs = append(e.obs, o)
 		e.obsMu.Unlock()
+		select {
+		case e.obsCh <- o:
+		default: // a test that sends many requests reads observed() instead
+		}
 	}
 	if opts.RequestTimeout == 0 {
 		opts.RequestTimeout = 10 * time.Second
@@ -195,6 +200,18 @@ func (e *env) observations() []observation {
 		out = append(out, observation{o.Model, o.Status})
 	}
 	return out
+}
+
+// next waits for the next observation.
+func (e *env) next() Observation {
+	e.t.Helper()
+	select {
+	case o := <-e.obsCh:
+		return o
+	case <-time.After(5 * time.Second):
+		e.t.Fatal("no observation within 5s")
+		return Observation{}
+	}
 }
 
 func (e *env) observed() []Observation {

@@ -18,6 +18,8 @@ func FuzzParseAPIKeys(f *testing.F) {
 	f.Add([]byte("# c\n\n a : b:c \n"))
 	f.Add([]byte("x:y\nx:z\n"))
 	f.Add([]byte(":\n"))
+	f.Add([]byte("a:k models=x*,y? role=admin concurrency=3\nb:j role=inference\n"))
+	f.Add([]byte("a:k models=,\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		k, err := parseAPIKeys("f", data)
 		if err != nil {
@@ -26,16 +28,26 @@ func FuzzParseAPIKeys(f *testing.F) {
 			}
 			return
 		}
-		// Every parsed line's key must authenticate as its own name.
+		// Every parsed line's key must authenticate as its own name, with
+		// a valid scope.
 		for _, line := range strings.Split(string(data), "\n") {
 			line = strings.TrimSpace(line)
 			if line == "" || line[0] == '#' {
 				continue
 			}
-			name, key, _ := strings.Cut(line, ":")
-			got, ok := k.check(http.Header{"Authorization": {"Bearer " + strings.TrimSpace(key)}})
+			name, rest, _ := strings.Cut(line, ":")
+			got, ok := k.check(http.Header{"Authorization": {"Bearer " + strings.Fields(rest)[0]}})
 			if !ok || got != strings.TrimSpace(name) {
 				t.Errorf("key of %q authenticates as %q, %v", name, got, ok)
+			}
+			s := k.scope(got)
+			if s == nil || (s.Role != RoleInference && s.Role != RoleAdmin) || s.Concurrency < 0 || s.Concurrency > maxKeyConcurrency {
+				t.Errorf("key %q has scope %+v", got, s)
+			}
+			for _, p := range s.Models {
+				if p == "" || strings.ContainsAny(p, ", \t") {
+					t.Errorf("key %q: pattern %q", got, p)
+				}
 			}
 		}
 	})

@@ -142,6 +142,9 @@ func New(opts Options, models Models) *Gateway {
 	return g
 }
 
+// APIKeys is the keys the gateway checks (nil when keys are off).
+func (g *Gateway) APIKeys() *APIKeys { return g.opts.APIKeys }
+
 // Handler serves the shared gateway socket: /health, /v1/models, the
 // OpenAI and Anthropic POST routes (by the body's model), the configured
 // Routes and /upstream/<model>/<path>.
@@ -183,10 +186,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 			c.fail(http.StatusUnauthorized, "invalid_api_key", "missing or invalid API key")
 			return
 		}
-		c.client = name
+		c.client, c.scope = name, g.opts.APIKeys.scope(name)
 	}
 	if dedicated != "" {
-		c.forward(r, r.URL.Path, r.URL.RawPath, false)
+		if c.mayUse(dedicated, dedicated) {
+			c.forward(r, r.URL.Path, r.URL.RawPath, false)
+		}
 		return
 	}
 	path := r.URL.Path

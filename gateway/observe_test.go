@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +37,7 @@ func (c *manualClock) advance(d time.Duration) {
 // of a streamed answer.
 func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 	clock := &manualClock{now: time.Unix(1_700_000_000, 0)}
+	next := make(chan struct{})
 	engine := func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		clock.advance(3 * time.Second) // the engine thinks before its first byte
@@ -42,7 +45,7 @@ func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":1000}\"}}],\"usage\":null}\n\n")
 			http.NewResponseController(w).Flush()
-			clock.advance(time.Second)
+			<-next // the client has the first chunk, and a second passed
 			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":22,\"total_tokens\":33}}\n\ndata: [DONE]\n\n")
 			return
 		}
@@ -59,13 +62,25 @@ func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 		t.Fatalf("plain: %d %s", resp.StatusCode, body)
 	}
 	e.models.outcome()
-	if resp, body := e.do("POST", "/v1/chat/completions", `{"model":"m1","stream":true,"messages":[]}`, nil); resp.StatusCode != 200 {
-		t.Fatalf("stream: %d %s", resp.StatusCode, body)
+	got := []Observation{e.next()}
+	resp, err := e.client.Post(e.srv.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m1","stream":true,"messages":[]}`))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", resp, err)
 	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Second)
+	close(next)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
 	e.models.outcome()
+	got = append(got, e.next())
 	if resp, _ := e.do("POST", "/v1/completions", `{"model":"nosuch"}`, nil); resp.StatusCode != 404 {
 		t.Fatalf("unknown model: %d", resp.StatusCode)
 	}
+	got = append(got, e.next())
 
 	want := []Observation{
 		{Model: "m1", Kind: lease.KindCompletion, Status: 200, Duration: 5 * time.Second, Admitted: true,
@@ -75,10 +90,6 @@ func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 			FirstByte: 5 * time.Second, QueueWait: 500 * time.Millisecond, WakeWait: 1500 * time.Millisecond,
 			Usage: Usage{11, 22}, HasUsage: true},
 		{Status: 404},
-	}
-	got := e.observed()
-	if len(got) != len(want) {
-		t.Fatalf("observations %+v", got)
 	}
 	for i := range want {
 		if got[i] != want[i] {

@@ -1,9 +1,6 @@
 package gateway
 
-import (
-	"fmt"
-	"net/http"
-)
+import "net/http"
 
 // route serves one of Options.Routes: a POST is routed by the JSON body's
 // model like the /v1 routes, a GET by its `model` query parameter.
@@ -22,9 +19,8 @@ func (c *call) route(r *http.Request, rt Route) {
 		c.fail(http.StatusBadRequest, "missing_model", "GET "+rt.Path+" needs a ?model= query parameter")
 		return
 	}
-	model, ok := c.g.models.Resolve(name)
+	model, ok := c.resolve(name)
 	if !ok {
-		c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
 		return
 	}
 	c.model, c.requested, c.byQuery = model, name, true
