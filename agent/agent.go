@@ -132,7 +132,7 @@ func Run(ctx context.Context, opts Options) error {
 	if a.backend, err = a.openBackend(runCtx, cfg); err != nil {
 		return err
 	}
-	a.sup = supervisor.New(a.backend, supervisor.Options{Logger: log})
+	a.sup = supervisor.New(a.backend, supervisor.Options{Logger: log, Ports: foreignListeners})
 	var closeGPU func() error
 	a.gpu, closeGPU = gpu.Open(runCtx, log)
 	defer closeGPU()

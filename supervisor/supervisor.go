@@ -19,6 +19,11 @@ type Options struct {
 	// a loopback client without proxy. Leave its Timeout 0: every call is
 	// bounded by its context.
 	HTTPClient *http.Client
+	// Ports, when set, verifies who listens on an HTTP engine's port:
+	// before a start nothing may, after a wake and at Observe only the
+	// engine's own processes. A port held by another process fails the
+	// wake with a *PortError before any request reaches it.
+	Ports PortCheck
 }
 
 // Supervisor drives engines through a Backend and adds what is the same for
@@ -30,6 +35,7 @@ type Supervisor struct {
 	backend Backend
 	log     *slog.Logger
 	client  *http.Client
+	ports   PortCheck
 
 	events    chan Event
 	quit      chan struct{}
@@ -84,6 +90,7 @@ func New(backend Backend, opts Options) *Supervisor {
 		backend:  backend,
 		log:      log.With("backend", backend.Name()),
 		client:   client,
+		ports:    opts.Ports,
 		events:   make(chan Event, 16),
 		quit:     make(chan struct{}),
 		pumpDone: make(chan struct{}),
@@ -121,11 +128,13 @@ func (s *Supervisor) WakeVerified(ctx context.Context, spec Spec, verify Verify)
 	start := time.Now()
 	ctx, done := s.watch(ctx, spec.Model, start)
 	defer done()
-	if verify == nil {
+	checkPort := false
+	if verify == nil { // HTTP: the engine listens on spec.Port
 		t := s.target(spec)
 		verify = func(ctx context.Context) error { return t.verifyHealth(ctx, start) }
+		checkPort = true
 	}
-	if err := s.wake(ctx, spec, verify); err != nil {
+	if err := s.wake(ctx, spec, verify, checkPort); err != nil {
 		// Whatever step noticed it, an exit is the real reason.
 		var exit *ExitError
 		if errors.As(context.Cause(ctx), &exit) {
@@ -138,7 +147,7 @@ func (s *Supervisor) WakeVerified(ctx context.Context, spec Spec, verify Verify)
 	return nil
 }
 
-func (s *Supervisor) wake(ctx context.Context, spec Spec, verify Verify) error {
+func (s *Supervisor) wake(ctx context.Context, spec Spec, verify Verify, checkPort bool) error {
 	t := s.target(spec)
 	st, err := s.backend.Status(ctx, spec)
 	if err != nil {
@@ -146,6 +155,11 @@ func (s *Supervisor) wake(ctx context.Context, spec Spec, verify Verify) error {
 	}
 	wasRunning := st.State == ProcRunning || st.State == ProcStarting
 	if !wasRunning {
+		if checkPort {
+			if err := s.checkPort(ctx, spec, false); err != nil {
+				return err
+			}
+		}
 		if err := s.backend.Start(ctx, spec); err != nil {
 			return err
 		}
@@ -164,6 +178,11 @@ func (s *Supervisor) wake(ctx context.Context, spec Spec, verify Verify) error {
 			if err := verify(ctx); err != nil {
 				return err
 			}
+		}
+	}
+	if checkPort {
+		if err := s.checkPort(ctx, spec, true); err != nil {
+			return err
 		}
 	}
 	s.setSlept(spec.Model, "")
@@ -300,6 +319,10 @@ func (s *Supervisor) Observe(ctx context.Context, spec Spec) (Observation, error
 	t := s.target(spec)
 	if err := t.probe(ctx); err != nil {
 		o.State, o.Reason = Unverified, "health: "+err.Error()
+		return o, nil
+	}
+	if err := s.checkPort(ctx, spec, true); err != nil {
+		o.State, o.Reason = Unverified, err.Error()
 		return o, nil
 	}
 	if strat.asleep != nil {

@@ -164,6 +164,11 @@ func run(args []string, stderr *os.File) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		// Every request sees shutdown, so open streams end at once.
 		BaseContext: func(net.Listener) context.Context { return ctx },
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				engine.CountConnection()
+			}
+		},
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

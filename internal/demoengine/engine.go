@@ -82,6 +82,8 @@ type Stats struct {
 	WeightsLoaded bool `json:"weights_loaded"`
 	// WeightsBytes is the emulated weights memory held now.
 	WeightsBytes int `json:"weights_bytes"`
+	// Connections counts the connections accepted (CountConnection).
+	Connections int `json:"connections"`
 }
 
 // ControlRequest is one control-plane request as /debug/requests lists it.
@@ -147,6 +149,14 @@ func allocate(n int64) []byte {
 		b[i] = 1
 	}
 	return b
+}
+
+// CountConnection records an accepted connection (the server calls it),
+// so a test can tell that nothing at all reached the engine.
+func (e *Engine) CountConnection() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stats.Connections++
 }
 
 // loading reports whether the startup delay is still running.
