@@ -110,4 +110,3 @@ func TestWakeVerified_PortNotCheckedForOtherTransports(t *testing.T) {
 		t.Errorf("port checked %d times", len(stub.asked))
 	}
 }
-
