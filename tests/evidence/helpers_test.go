@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -104,30 +103,12 @@ func stats(t *testing.T, port int) map[string]any {
 	return s
 }
 
-// modelStatus reads one model's row from napd's control API.
-func modelStatus(t *testing.T, n *harness.Napd, name string) control.ModelStatus {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := control.NewClient(n.Socket).Status(ctx)
-	if err != nil {
-		t.Fatalf("control status: %v", err)
-	}
-	for _, m := range st.Models {
-		if m.Name == name {
-			return m
-		}
-	}
-	t.Fatalf("no model %s in status", name)
-	return control.ModelStatus{}
-}
-
 // waitState waits until the model reaches state and returns its row.
 func waitState(t *testing.T, n *harness.Napd, name, state string, within time.Duration) control.ModelStatus {
 	t.Helper()
 	end := time.Now().Add(within)
 	for {
-		m := modelStatus(t, n, name)
+		m := n.ModelStatus(name)
 		if m.State == state {
 			return m
 		}
@@ -149,10 +130,4 @@ func chat(t *testing.T, n *harness.Napd, model string) (int, string) {
 		t.Fatalf("chat %s: %v", model, err)
 	}
 	return resp.StatusCode, string(body)
-}
-
-// drain reads and closes a response body.
-func drain(resp *http.Response) {
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
 }

@@ -29,7 +29,7 @@ func TestWake_PortHeldByAnotherUser(t *testing.T) {
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, want) {
 		t.Fatalf("chat = %d %s\nwant 503 with %q", code, body, want)
 	}
-	if m := modelStatus(t, n, "m2"); m.State != "failed" || !strings.Contains(m.Reason, want) {
+	if m := n.ModelStatus("m2"); m.State != "failed" || !strings.Contains(m.Reason, want) {
 		t.Errorf("status %s (%s), want failed with %q", m.State, m.Reason, want)
 	}
 	// The only connection it ever accepted is this one.

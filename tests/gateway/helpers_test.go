@@ -63,23 +63,10 @@ func (e engine) tryStats() (stats, error) {
 	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
 
-// modelStatus reads one model's row from napd's control API (what
-// `napctl status --json` prints).
+// modelStatus reads one model's row from napd's control API.
 func modelStatus(t *testing.T, n *harness.Napd, name string) control.ModelStatus {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := control.NewClient(n.Socket).Status(ctx)
-	if err != nil {
-		t.Fatalf("control status: %v", err)
-	}
-	for _, m := range st.Models {
-		if m.Name == name {
-			return m
-		}
-	}
-	t.Fatalf("no model %q in status %+v", name, st)
-	return control.ModelStatus{}
+	return n.ModelStatus(name)
 }
 
 // wake wakes a model with napctl and waits for it to serve.

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/agent/control"
 )
 
 var (
@@ -284,6 +286,25 @@ func (n *Napd) WaitLog(substr string, within time.Duration) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	n.t.Fatalf("napd log has no %q within %s", substr, within)
+}
+
+// ModelStatus reads one model's row from napd's control API (what
+// `napctl status --json` prints); the test fails when it has none.
+func (n *Napd) ModelStatus(name string) control.ModelStatus {
+	n.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := control.NewClient(n.Socket).Status(ctx)
+	if err != nil {
+		n.t.Fatalf("control status: %v", err)
+	}
+	for _, m := range st.Models {
+		if m.Name == name {
+			return m
+		}
+	}
+	n.t.Fatalf("no model %q in status %+v", name, st)
+	return control.ModelStatus{}
 }
 
 // Chat is a small chat-completion body for model.
