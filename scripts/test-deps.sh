@@ -13,6 +13,7 @@ PACKAGES=(
 	curl            # the package test's client inside the systemd box
 	chromium        # headless browser that renders the status page (tests/gateway)
 	fonts-dejavu-core # a font for that browser's screenshot
+	stress-ng       # a CPU hog for running the suite on a busy machine
 )
 
 installed() {
