@@ -27,6 +27,7 @@ import (
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
@@ -270,6 +271,7 @@ type servers struct {
 	// the whole grace period for them.
 	endControl context.CancelFunc
 	metrics    *http.Server
+	agentCheck *agentcheck.Server // nil when haproxy_agent_listen is off
 	inherits   bool
 }
 
@@ -340,8 +342,14 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 		s.metrics = newServer(mux)
 		go a.serveOn(s.metrics, ml, "metrics")
 	}
+	if cfg.Agent.HAProxyAgentListen != "" {
+		if s.agentCheck, err = a.startAgentCheck(cfg.Agent.HAProxyAgentListen); err != nil {
+			return nil, err
+		}
+	}
 	a.log.Info("listening", "gateway", addrs(gls), "socket_activated", activated,
-		"control", cfg.Agent.ControlSocket, "metrics", cfg.Agent.MetricsListen)
+		"control", cfg.Agent.ControlSocket, "metrics", cfg.Agent.MetricsListen,
+		"haproxy_agent", cfg.Agent.HAProxyAgentListen)
 	return s, nil
 }
 
@@ -365,6 +373,9 @@ func (a *Agent) serveOn(srv *http.Server, l net.Listener, what string) {
 // napd.
 func (s *servers) shutdown(grace time.Duration) {
 	s.endControl()
+	if s.agentCheck != nil {
+		s.agentCheck.Close()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	var wg sync.WaitGroup

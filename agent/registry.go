@@ -301,6 +301,9 @@ func restartOnlyChanges(old, cfg *config.Config) []string {
 	if old.Agent.EventsAddress != cfg.Agent.EventsAddress {
 		keys = append(keys, "agent.events_address")
 	}
+	if old.Agent.HAProxyAgentListen != cfg.Agent.HAProxyAgentListen {
+		keys = append(keys, "agent.haproxy_agent_listen")
+	}
 	if !slices.Equal(old.Gateway.Listen, cfg.Gateway.Listen) {
 		keys = append(keys, "gateway.listen")
 	}
@@ -342,7 +345,8 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
 		s := m.snap.Load()
-		out = append(out, gateway.ModelInfo{Name: m.name, Aliases: s.cfg.Aliases, State: s.lc.State.String(), Reason: s.lc.Reason})
+		out = append(out, gateway.ModelInfo{Name: m.name, Aliases: s.cfg.Aliases, State: s.lc.State.String(), Reason: s.lc.Reason,
+			Serving: s.lc.State.Serving()})
 	}
 	return out
 }

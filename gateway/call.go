@@ -33,6 +33,9 @@ const (
 	HeaderReplayed = "X-Napd-Replayed"
 	// HeaderIdempotencyKey names a request whose retries join or replay it.
 	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderEngineStatus is the engine's own status when napd sends
+	// another: an engine's 503 goes out as 502 with this header at 503.
+	HeaderEngineStatus = "X-Napd-Engine-Status"
 )
 
 // call is one request on its way through the gateway. The proxy hooks find
@@ -52,6 +55,7 @@ type call struct {
 	usage     usageScanner // token counts of the engine's answer
 	cancelled bool         // the response is not complete (left, deadline, engine error)
 	replayed  bool
+	probe     bool // a balancer's health check: logged at debug whatever it answers
 
 	anthropic   bool // an Anthropic route: errors in Anthropic's shape
 	corsAllowed bool // napd set the CORS headers of an allowed origin
@@ -333,10 +337,13 @@ func (c *call) refused(err error) {
 		if code == "" {
 			code = "model_unavailable"
 		}
-		if ref.RetryAfter > 0 {
-			secs := int64(math.Ceil(ref.RetryAfter.Seconds()))
-			c.w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		retry := ref.RetryAfter
+		if status == http.StatusServiceUnavailable && retry <= 0 {
+			// A balancer retries a 503 elsewhere; the hint says when
+			// this host may take it.
+			retry = defaultRetryAfter
 		}
+		setRetryAfter(c.w.Header(), retry)
 		c.fail(status, code, ref.Message)
 	case errors.Is(err, context.DeadlineExceeded):
 		c.fail(http.StatusGatewayTimeout, "timeout",
@@ -346,6 +353,17 @@ func (c *call) refused(err error) {
 	default:
 		c.g.log.Error("admit failed", slog.String("model", c.model), slog.Any("error", err))
 		c.fail(http.StatusInternalServerError, "internal_error", "napd could not admit the request")
+	}
+}
+
+// defaultRetryAfter is the Retry-After of a 503 whose cause gave none.
+const defaultRetryAfter = time.Second
+
+// setRetryAfter sets Retry-After to d in whole seconds, rounded up; d <= 0
+// sets nothing.
+func setRetryAfter(h http.Header, d time.Duration) {
+	if d > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10))
 	}
 }
 

@@ -145,9 +145,9 @@ func New(opts Options, models Models) *Gateway {
 // APIKeys is the keys the gateway checks (nil when keys are off).
 func (g *Gateway) APIKeys() *APIKeys { return g.opts.APIKeys }
 
-// Handler serves the shared gateway socket: /health, /v1/models, the
-// OpenAI and Anthropic POST routes (by the body's model), the configured
-// Routes and /upstream/<model>/<path>.
+// Handler serves the shared gateway socket: /health, /health/models/NAME,
+// /v1/models, the OpenAI and Anthropic POST routes (by the body's model),
+// the configured Routes and /upstream/<model>/<path>.
 func (g *Gateway) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.serve(w, r, "")
@@ -177,6 +177,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 	}
 	if r.URL.Path == "/health" && r.Method == http.MethodGet {
 		c.writeJSON(http.StatusOK, healthBody)
+		return
+	}
+	if dedicated == "" && strings.HasPrefix(r.URL.Path, modelHealthPrefix) &&
+		(r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		// Like /health, open to a balancer's checks without a key.
+		c.modelHealth(strings.TrimPrefix(r.URL.Path, modelHealthPrefix))
 		return
 	}
 	if g.opts.APIKeys != nil {
@@ -244,7 +250,7 @@ func (c *call) finish(r *http.Request) {
 		c.g.opts.Observe(c.observation(status, d))
 	}
 	level := slog.LevelDebug
-	if status >= 400 || c.cancelled {
+	if (status >= 400 || c.cancelled) && !c.probe {
 		level = slog.LevelInfo
 	}
 	attrs := []slog.Attr{

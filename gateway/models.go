@@ -89,11 +89,14 @@ type ModelInfo struct {
 	Aliases []string
 	State   string // lifecycle state, e.g. "awake", "sleeping"
 	Reason  string // why it is in that state, when there is something to say
+	// Serving: requests are forwarded at once, without a wake (awake, or
+	// unsupported). GET /health/models/NAME answers 200 only then.
+	Serving bool
 }
 
 // Refusal is a request the model cannot take: the gateway answers Status
 // (503 unless said otherwise) with an OpenAI-shaped error and, when
-// RetryAfter > 0, a Retry-After header.
+// RetryAfter > 0, a Retry-After header (a 503 always has one).
 type Refusal struct {
 	Status     int
 	Code       string // OpenAI error code, e.g. "model_failed", "queue_full"

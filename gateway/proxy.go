@@ -52,6 +52,13 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		ModifyResponse: func(resp *http.Response) error {
 			c := callOf(resp.Request.Context())
+			if resp.StatusCode == http.StatusServiceUnavailable && !refusesBeforeWork(c.ticket.Transport) {
+				// napd's own 503 promises that no engine saw the request,
+				// so a balancer may retry it on another host. An engine's
+				// 503 may come after work began: it goes out as 502.
+				resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
+				resp.Header.Set(HeaderEngineStatus, "503")
+			}
 			c.setModelHeaders(resp.Header)
 			c.w.now = g.now
 			if c.corsAllowed {
@@ -85,6 +92,19 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 			}
 		},
 	}
+}
+
+// RefusingTransport is a Ticket.Transport whose 503s are refusals made
+// before any work began (a ZMQ worker's "no room", by the engine
+// contract): those stay 503. Every other engine's 503 becomes 502.
+type RefusingTransport interface {
+	http.RoundTripper
+	RefusesBeforeWork()
+}
+
+func refusesBeforeWork(rt http.RoundTripper) bool {
+	_, ok := rt.(RefusingTransport)
+	return ok
 }
 
 // ticketTransport sends each request with its ticket's transport.

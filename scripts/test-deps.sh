@@ -14,6 +14,7 @@ PACKAGES=(
 	chromium        # headless browser that renders the status page (tests/gateway)
 	fonts-dejavu-core # a font for that browser's screenshot
 	stress-ng       # a CPU hog for running the suite on a busy machine
+	haproxy         # the load balancer of tests/fleet, started from docs/examples/haproxy.cfg
 )
 
 installed() {

@@ -256,12 +256,13 @@ func (d *decoder) decode(data []byte) *Config {
 
 func agentSchema(a *Agent) map[string]setter {
 	return map[string]setter{
-		"supervisor":     setEnum(&a.Supervisor, SupervisorAuto, SupervisorSystemd, SupervisorExec),
-		"state_dir":      setString(&a.StateDir, absPath),
-		"control_socket": setString(&a.ControlSocket, absPath),
-		"metrics_listen": setString(&a.MetricsListen, optional(hostPort)),
-		"events_address": setString(&a.EventsAddress, optional(zmqAddress)),
-		"log_level":      setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
+		"supervisor":           setEnum(&a.Supervisor, SupervisorAuto, SupervisorSystemd, SupervisorExec),
+		"state_dir":            setString(&a.StateDir, absPath),
+		"control_socket":       setString(&a.ControlSocket, absPath),
+		"metrics_listen":       setString(&a.MetricsListen, optional(hostPort)),
+		"events_address":       setString(&a.EventsAddress, optional(zmqAddress)),
+		"haproxy_agent_listen": setString(&a.HAProxyAgentListen, optional(hostPort)),
+		"log_level":            setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
 	}
 }
 

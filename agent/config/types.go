@@ -65,7 +65,9 @@ type Agent struct {
 	ControlSocket string
 	MetricsListen string // "" = off
 	EventsAddress string // "" = off
-	LogLevel      string // "debug" | "info" | "warn" | "error"
+	// HAProxyAgentListen is the HAProxy agent-check address; "" = off.
+	HAProxyAgentListen string
+	LogLevel           string // "debug" | "info" | "warn" | "error"
 }
 
 // Gateway is the [gateway] table.

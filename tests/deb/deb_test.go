@@ -111,6 +111,7 @@ func TestDeb_Contents(t *testing.T) {
 		"etc/napd/napd.toml", "usr/lib/sysusers.d/napd.conf", "usr/lib/tmpfiles.d/napd.conf",
 		"usr/share/doc/napd/copyright", "usr/share/doc/napd/changelog.gz", "usr/share/doc/napd/README.md",
 		"usr/share/napd/grafana/napd.json",
+		"usr/share/doc/napd/fleet.md", "usr/share/doc/napd/examples/haproxy.cfg",
 		"usr/share/man/man8/napd.8.gz", "usr/share/man/man8/napctl.8.gz", "usr/share/man/man5/napd.toml.5.gz",
 	} {
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
@@ -129,6 +130,9 @@ func TestDeb_Contents(t *testing.T) {
 	}
 	if out, err := exec.Command(napd, "--check", "--config", filepath.Join(root, "etc/napd/napd.toml")).CombinedOutput(); err != nil {
 		t.Errorf("napd --check of the shipped config: %v: %s", err, out)
+	}
+	if out, err := exec.Command("haproxy", "-c", "-f", filepath.Join(root, "usr/share/doc/napd/examples/haproxy.cfg")).CombinedOutput(); err != nil {
+		t.Errorf("haproxy -c of the shipped example (haproxy: `make test-deps`): %v: %s", err, out)
 	}
 	if out, err := exec.Command(filepath.Join(root, "usr/bin/napctl"), "help").CombinedOutput(); err != nil {
 		t.Errorf("napctl help: %v: %s", err, out)

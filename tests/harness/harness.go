@@ -81,6 +81,10 @@ type Options struct {
 	Models string
 	// Policy is the body of the [policy] table ("" = small test defaults).
 	Policy string
+	// Agent is extra lines for the [agent] table.
+	Agent string
+	// Listen is the gateway's address ("" = 127.0.0.1 on a FreePort).
+	Listen string
 	// Gateway is extra lines for the [gateway] table.
 	Gateway string
 	// Pressure is the body of the [pressure] table ("" = defaults).
@@ -104,7 +108,10 @@ allow_untracked_unload = false
 func WriteConfig(t testing.TB, dir string, o Options) (path, addr, metrics, socket string) {
 	t.Helper()
 	bin := Bin(t)
-	addr = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	addr = o.Listen
+	if addr == "" {
+		addr = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	}
 	metrics = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	socket = filepath.Join(dir, "control.sock")
 	policy := o.Policy
@@ -121,6 +128,7 @@ state_dir = %q
 control_socket = %q
 metrics_listen = %q
 log_level = %q
+%s
 
 [gateway]
 listen = [%q]
@@ -133,7 +141,7 @@ listen = [%q]
 %s
 
 %s
-`, filepath.Join(dir, "state"), socket, metrics, level, addr, o.Gateway, policy, o.Pressure,
+`, filepath.Join(dir, "state"), socket, metrics, level, o.Agent, addr, o.Gateway, policy, o.Pressure,
 		strings.ReplaceAll(o.Models, "${BIN}", bin))
 	path = filepath.Join(dir, "napd.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {

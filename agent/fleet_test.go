@@ -1,0 +1,33 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agentcheck"
+)
+
+// TestBalancerHealth_EveryState: each lifecycle state has a deliberate
+// answer; a state added later fails here until it is given one.
+func TestBalancerHealth_EveryState(t *testing.T) {
+	want := map[lifecycle.State]agentcheck.Health{
+		lifecycle.Awake:       agentcheck.Serving,
+		lifecycle.Unsupported: agentcheck.Serving,
+		lifecycle.Waking:      agentcheck.Serving,
+		lifecycle.Sleeping:    agentcheck.Wakeable,
+		lifecycle.Unverified:  agentcheck.Wakeable,
+		lifecycle.Draining:    agentcheck.Draining,
+		lifecycle.Failed:      agentcheck.Failed,
+	}
+	for s := lifecycle.State(1); !strings.HasPrefix(s.String(), "State("); s++ {
+		h, ok := want[s]
+		if !ok {
+			t.Errorf("state %s: no answer decided for balancers (balancerHealth)", s)
+			continue
+		}
+		if got := balancerHealth(s); got != h {
+			t.Errorf("balancerHealth(%s) = %d, want %d", s, got, h)
+		}
+	}
+}
