@@ -48,11 +48,10 @@ type Server struct {
 	log    *slog.Logger
 	slots  chan struct{}
 
-	mu        sync.Mutex
-	listeners map[net.Listener]struct{}
-	conns     map[net.Conn]struct{}
-	closed    bool
-	wg        sync.WaitGroup
+	mu     sync.Mutex
+	open   map[io.Closer]struct{} // listeners and connections, closed by Close
+	closed bool
+	wg     sync.WaitGroup // one per tracked listener or connection
 }
 
 // New returns a server that answers from lookup.
@@ -67,7 +66,7 @@ func New(lookup Lookup, o Options) *Server {
 		o.MaxConns = DefaultMaxConns
 	}
 	s := &Server{lookup: lookup, opts: o, log: o.Logger, slots: make(chan struct{}, o.MaxConns),
-		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{})}
+		open: make(map[io.Closer]struct{})}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -104,15 +103,14 @@ func (s *Server) Serve(l net.Listener) error {
 			c.Close()
 			continue
 		}
-		if !s.trackConn(c) {
+		if !s.track(c) {
 			<-s.slots
 			c.Close()
 			continue
 		}
 		go func() {
-			defer s.wg.Done()
 			defer func() { <-s.slots }()
-			defer s.untrackConn(c)
+			defer s.untrack(c)
 			s.serveConn(c)
 		}()
 	}
@@ -164,22 +162,16 @@ func readLine(r io.Reader, max int) (string, error) {
 }
 
 // Close stops every Serve, closes the connections being served and waits
-// for their goroutines.
+// until they and the Serve calls have returned. It always returns nil.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
-	var err error
-	for l := range s.listeners {
-		if cerr := l.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) {
-			err = cerr
-		}
-	}
-	for c := range s.conns {
+	for c := range s.open {
 		c.Close()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	return err
+	return nil
 }
 
 func (s *Server) isClosed() bool {
@@ -188,35 +180,22 @@ func (s *Server) isClosed() bool {
 	return s.closed
 }
 
-func (s *Server) track(l net.Listener) bool {
+// track registers a listener or a connection for Close, which waits until
+// its untrack; false once closed.
+func (s *Server) track(c io.Closer) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return false
 	}
-	s.listeners[l] = struct{}{}
-	return true
-}
-
-func (s *Server) untrack(l net.Listener) {
-	s.mu.Lock()
-	delete(s.listeners, l)
-	s.mu.Unlock()
-}
-
-func (s *Server) trackConn(c net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	s.conns[c] = struct{}{}
+	s.open[c] = struct{}{}
 	s.wg.Add(1)
 	return true
 }
 
-func (s *Server) untrackConn(c net.Conn) {
+func (s *Server) untrack(c io.Closer) {
 	s.mu.Lock()
-	delete(s.conns, c)
+	delete(s.open, c)
 	s.mu.Unlock()
+	s.wg.Done()
 }

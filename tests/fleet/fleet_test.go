@@ -115,13 +115,19 @@ func startFleet(t *testing.T) *fleet {
 		}
 		cfg = strings.ReplaceAll(cfg, r[0], r[1])
 	}
-	path := filepath.Join(t.TempDir(), "haproxy.cfg")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "haproxy.cfg")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	logPath := filepath.Join(dir, "haproxy.log")
+	out, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close() // haproxy has its own descriptor
 	cmd := exec.Command(haproxy, "-db", "-f", path)
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -137,7 +143,8 @@ func startFleet(t *testing.T) *fleet {
 			<-exited
 		}
 		if t.Failed() {
-			t.Logf("haproxy log:\n%s", out.String())
+			b, _ := os.ReadFile(logPath)
+			t.Logf("haproxy log:\n%s", b)
 		}
 	})
 	// Every model asleep everywhere: no host serves it, each may wake it.
@@ -171,14 +178,7 @@ func TestFleet(t *testing.T) {
 	})
 
 	t.Run("AwakeOnHost2GetsTheRequests", func(t *testing.T) {
-		woken := make(chan error, 1)
-		go func() {
-			out, err := host2.napd.Napctl("wake", "qwen")
-			if err != nil {
-				err = fmt.Errorf("%v: %s", err, out)
-			}
-			woken <- err
-		}()
+		woken := napctl(host2, "wake", "qwen")
 		if got := waitAgent(t, host2.agent, "qwen awake\n", "up ready 100% #waking"); !strings.HasSuffix(got, " queued\n") {
 			t.Errorf("waking: %q", got)
 		}
@@ -214,14 +214,7 @@ func TestFleet(t *testing.T) {
 		defer endRequest()
 		go func() { _, _, _ = host2.napd.Post(ctx, "/v1/chat/completions", harness.Chat("qwen", false, 5000)) }()
 		host2.napd.WaitLeases("qwen", 1, within)
-		slept := make(chan error, 1)
-		go func() {
-			out, err := host2.napd.Napctl("sleep", "qwen")
-			if err != nil {
-				err = fmt.Errorf("%v: %s", err, out)
-			}
-			slept <- err
-		}()
+		slept := napctl(host2, "sleep", "qwen")
 		waitAgent(t, host2.agent, "qwen\n", "up drain #draining, 0 queued\n")
 		endRequest()
 		if err := <-slept; err != nil {
@@ -302,6 +295,19 @@ func TestFleet(t *testing.T) {
 		t.Log(counts())
 		wantState(t, host2, "llama", "awake")
 	})
+}
+
+// napctl runs napctl against h in the background and reports how it ended.
+func napctl(h *host, args ...string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		out, err := h.napd.Napctl(args...)
+		if err != nil {
+			err = fmt.Errorf("%v: %s", err, out)
+		}
+		done <- err
+	}()
+	return done
 }
 
 // post sends a small chat completion for model through HAProxy.
@@ -474,21 +480,4 @@ func waitFor(t *testing.T, what func() string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
