@@ -179,12 +179,6 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 		c.writeJSON(http.StatusOK, healthBody)
 		return
 	}
-	if dedicated == "" && strings.HasPrefix(r.URL.Path, modelHealthPrefix) &&
-		(r.Method == http.MethodGet || r.Method == http.MethodHead) {
-		// Like /health, open to a balancer's checks without a key.
-		c.modelHealth(strings.TrimPrefix(r.URL.Path, modelHealthPrefix))
-		return
-	}
 	if g.opts.APIKeys != nil {
 		name, ok := g.opts.APIKeys.check(r.Header)
 		if !ok {
@@ -208,6 +202,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 		c.getModel(r, strings.TrimPrefix(path, "/v1/models/"))
 	case strings.HasPrefix(path, "/upstream/"):
 		c.upstream(r)
+	case strings.HasPrefix(path, modelHealthPrefix):
+		c.modelHealth(r, strings.TrimPrefix(path, modelHealthPrefix))
 	case strings.HasPrefix(path, "/v1/"):
 		if r.Method != http.MethodPost {
 			c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+path)

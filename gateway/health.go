@@ -22,10 +22,15 @@ type modelHealthBody struct {
 // modelHealth answers 200 when the model serves now, else 503 with
 // Retry-After, the state in the body either way; 404 for no such model.
 // It is not a request for the model: it wakes nothing and is not counted
-// in the model's request metrics.
-func (c *call) modelHealth(name string) {
+// in the model's request metrics. With API keys on it needs one, like
+// /v1/models: model names are for the keys that may use them.
+func (c *call) modelHealth(r *http.Request, name string) {
 	c.probe = true
-	if model, ok := c.g.models.Resolve(name); ok {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+modelHealthPrefix)
+		return
+	}
+	if model, ok := c.resolve(name); ok {
 		for _, m := range c.g.models.List() {
 			if m.Name != model {
 				continue
@@ -40,6 +45,7 @@ func (c *call) modelHealth(name string) {
 			c.writeValue(status, modelHealthBody{Model: m.Name, State: m.State, Reason: m.Reason, Serving: m.Serving, QueueDepth: depth})
 			return
 		}
+		// Removed by a reload between Resolve and List.
+		c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
 	}
-	c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
 }

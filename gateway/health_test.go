@@ -9,14 +9,10 @@ import (
 )
 
 // TestGateway_ModelHealth: GET /health/models/NAME is 200 for a model that
-// serves, 503 with Retry-After otherwise, the state in the body; it needs
-// no API key, admits nothing and is no request of the model's.
+// serves, 503 with Retry-After otherwise, the state in the body; it admits
+// nothing and is no request of the model's.
 func TestGateway_ModelHealth(t *testing.T) {
-	keys, err := parseAPIKeys("keys", []byte("alice:sk-1\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{APIKeys: keys})
+	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{})
 	for _, c := range []struct {
 		method, name string
 		status       int
@@ -48,7 +44,7 @@ func TestGateway_ModelHealth(t *testing.T) {
 	resp, b := e.do("GET", "/health/models/nope", "", nil)
 	wantError(t, resp, b, 404, "model_not_found")
 	resp, b = e.do("POST", "/health/models/m1", "", nil)
-	wantError(t, resp, b, 401, "invalid_api_key") // not the check's route: the API's rules
+	wantError(t, resp, b, 405, "method_not_allowed")
 
 	if n := len(e.models.admitted()); n != 0 {
 		t.Errorf("health checks admitted %d requests", n)
@@ -64,6 +60,24 @@ func TestGateway_ModelHealth(t *testing.T) {
 			t.Errorf("health check logged above debug: %s", line)
 		}
 	}
+}
+
+// TestGateway_ModelHealthNeedsAKey: with API keys on, model names and
+// states are for the keys that may use them.
+func TestGateway_ModelHealthNeedsAKey(t *testing.T) {
+	keys, err := parseAPIKeys("keys", []byte("lb:sk-lb models=m1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{APIKeys: keys})
+	resp, b := e.do("GET", "/health/models/m1", "", nil)
+	wantError(t, resp, b, 401, "invalid_api_key")
+	auth := map[string]string{"Authorization": "Bearer sk-lb"}
+	if resp, b = e.do("GET", "/health/models/m1", "", auth); resp.StatusCode != 200 {
+		t.Errorf("with a key: %d %s", resp.StatusCode, b)
+	}
+	resp, b = e.do("GET", "/health/models/m2", "", auth)
+	wantError(t, resp, b, 403, "model_not_allowed")
 }
 
 // TestGateway_RefusalWithoutRetryAfterGetsOne: every 503 carries
