@@ -29,6 +29,7 @@ import (
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
@@ -101,6 +102,9 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if err := Check(cfg); err != nil {
+		return err
+	}
 	lvl, err := logging.ParseLevel(cfg.Agent.LogLevel)
 	if err != nil {
 		return err
@@ -121,7 +125,7 @@ func Run(ctx context.Context, opts Options) error {
 	a.metrics = metrics.New(a.metricsSnapshot)
 	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models))
 
-	if err := os.MkdirAll(cfg.Agent.StateDir, 0o755); err != nil {
+	if err := statefile.Dir(cfg.Agent.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
 	if a.footprints, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "footprints.json")); err != nil {

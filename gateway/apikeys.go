@@ -8,10 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/napd/napd/internal/statefile"
 )
 
 // APIKeys is a parsed api_keys_file: named bearer keys and what each may
@@ -56,6 +57,9 @@ type Scope struct {
 // error, not "unlimited").
 const maxKeyConcurrency = 100000
 
+// maxKeysFile bounds an api_keys_file (a million keys fit).
+const maxKeysFile = 64 << 20
+
 // LoadAPIKeys reads an api_keys_file: one key per line, '#' comments and
 // blank lines ignored. A line is "name:key", optionally followed by
 // whitespace-separated fields:
@@ -65,7 +69,7 @@ const maxKeyConcurrency = 100000
 //
 // Errors name the file and the line and never contain a key.
 func LoadAPIKeys(path string) (*APIKeys, error) {
-	data, err := os.ReadFile(path)
+	data, err := statefile.ReadRegular(path, maxKeysFile)
 	if err != nil {
 		return nil, fmt.Errorf("api keys: %w", err)
 	}

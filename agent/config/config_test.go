@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,7 +121,12 @@ func TestParse_Errors(t *testing.T) {
 		{"alias clashes with model", "[models.a]\n" + minimal + "aliases = [\"b\"]\n[models.b]\n" + minimal, 3, "models.a.aliases", `alias "b" is the name of model b`},
 		{"alias with space", "[models.a]\n" + minimal + "aliases = [\"my model\"]\n", 3, "models.a.aliases", "space"},
 		{"two models on one port", "[models.a]\n" + minimal + "port = 8101\n[models.b]\n" + minimal + "port = 8101\n", 6, "models.b.port", "port 8101 is already used by model a"},
-		{"listen clash with gateway", "[models.a]\n" + minimal + "listen = \"127.0.0.1:8080\"\n", 3, "models.a.listen", "already used by gateway.listen"},
+		{"listen clash with gateway", "[models.a]\n" + minimal + "listen = \"127.0.0.1:8080\"\n", 3, "models.a.listen", "collides with gateway.listen 127.0.0.1:8080"},
+		{"listen clash by localhost", "[models.a]\n" + minimal + "listen = \"localhost:8080\"\n", 3, "models.a.listen", "localhost:8080 collides with gateway.listen 127.0.0.1:8080"},
+		{"listen clash by wildcard", "[gateway]\nlisten = [\"0.0.0.0:9000\", \"[::1]:9000\"]\n", 2, "gateway.listen", "[::1]:9000 collides with gateway.listen 0.0.0.0:9000"},
+		{"metrics on the gateway", "[agent]\nmetrics_listen = \"127.0.0.1:8080\"\n", 2, "agent.metrics_listen", "collides with gateway.listen 127.0.0.1:8080"},
+		{"two model sockets", "[models.a]\n" + minimal + "listen = \"127.0.0.1:8201\"\n[models.b]\n" + minimal + "listen = \"localhost:8201\"\n", 6, "models.b.listen", "collides with models.a.listen"},
+		{"control socket path too long", "[agent]\ncontrol_socket = \"/" + strings.Repeat("x", 120) + "\"\n", 2, "agent.control_socket", "longer than"},
 		{"model port is the gateway's", "[models.a]\n" + minimal + "port = 8080\n", 3, "models.a.port", "port 8080 is napd's own: gateway.listen (127.0.0.1:8080) listens on it"},
 		{"model port is the metrics'", "[models.a]\n" + minimal + "port = 9464\n", 3, "models.a.port", "agent.metrics_listen (127.0.0.1:9464)"},
 		{"model port is another model's listen", "[models.a]\n" + minimal + "port = 8200\n[models.b]\n" + minimal + "listen = \"0.0.0.0:8200\"\n", 3, "models.a.port", "the listen of model b (0.0.0.0:8200)"},
@@ -430,5 +436,24 @@ func TestLoad_MissingFile(t *testing.T) {
 	_, err := Load(filepath.Join(t.TempDir(), "none.toml"))
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("err = %v, want ErrNotExist", err)
+	}
+}
+
+// The demo runs from a checkout, usually with /tmp for its files: they must
+// sit in a directory napd creates for itself (and refuses when another user
+// made it first), never directly in a world-writable one.
+func TestLoad_DemoKeepsItsFilesInADirectoryOfItsOwn(t *testing.T) {
+	cfg, err := Load(filepath.Join("..", "..", "etc", "napd", "demo.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := []string{"/tmp", "/var/tmp", "/dev/shm", "/run"}
+	for key, dir := range map[string]string{"state_dir": cfg.Agent.StateDir, "control_socket's directory": filepath.Dir(cfg.Agent.ControlSocket)} {
+		if slices.Contains(shared, filepath.Dir(dir)) || slices.Contains(shared, dir) {
+			t.Errorf("demo %s %s is directly in a shared directory", key, dir)
+		}
+		if !strings.HasPrefix(dir, "/tmp/napd-demo/") && dir != "/tmp/napd-demo" {
+			t.Errorf("demo %s %s is outside napd's own /tmp/napd-demo", key, dir)
+		}
 	}
 }

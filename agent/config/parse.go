@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/internal/statefile"
 )
 
 // DefaultPath is where napd reads its configuration unless told otherwise.
@@ -72,9 +72,14 @@ func Default() *Config {
 	}
 }
 
-// Load reads and validates the configuration file at path.
+// MaxFileSize bounds a config file: far above any real one, it makes
+// `--config /dev/zero` or a runaway file an error instead of a hang.
+const MaxFileSize = 4 << 20
+
+// Load reads and validates the configuration file at path, which must be a
+// regular file of at most MaxFileSize bytes.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := statefile.ReadRegular(path, MaxFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
@@ -102,9 +107,11 @@ func Parse(path string, data []byte) (*Config, error) {
 // a toml.Primitive so that a wrong value does not stop the walk (all problems
 // are reported at once) and so that its line can be found.
 type decoder struct {
-	file string
-	md   toml.MetaData
-	errs Errors
+	file   string
+	md     toml.MetaData
+	errs   Errors
+	tables map[string]*table // the top-level tables, for cross-table checks
+	decls  []decl            // the models, for cross-table checks
 }
 
 func (d *decoder) add(line int, key toml.Key, msg string) {
@@ -239,9 +246,11 @@ func (d *decoder) decode(data []byte) *Config {
 			d.add(d.line(p), toml.Key{name}, unknownKey(name, sections))
 		}
 	}
+	d.tables = map[string]*table{}
 	for _, name := range []string{"agent", "gateway", "policy", "pressure"} {
 		if p, ok := top[name]; ok {
 			if t, ok := d.open(toml.Key{name}, p); ok {
+				d.tables[name] = t
 				sections[name](t)
 			}
 		}
@@ -251,14 +260,94 @@ func (d *decoder) decode(data []byte) *Config {
 			cfg.Models = d.models(t, cfg)
 		}
 	}
+	d.checkListens(cfg)
 	return cfg
+}
+
+// checkListens reports two of napd's own listen addresses (gateway.listen,
+// agent.metrics_listen, agent.haproxy_agent_listen, models.NAME.listen) that cannot both be bound:
+// the same port on the same host, where "localhost" is 127.0.0.1 and ::1,
+// and a wildcard host ("0.0.0.0", "::", "") takes the port on every
+// address. Such a config would fail at start, so --check fails on it.
+func (d *decoder) checkListens(cfg *Config) {
+	type claim struct {
+		addr, owner string
+		line        int
+		key         toml.Key
+	}
+	var claims []claim
+	at := func(table, key string) (int, toml.Key) {
+		t := d.tables[table]
+		if t == nil {
+			return 0, toml.Key{table, key}
+		}
+		return d.keyLine(t, key), child(t.path, key)
+	}
+	for _, l := range cfg.Gateway.Listen {
+		line, k := at("gateway", "listen")
+		claims = append(claims, claim{l, "gateway.listen", line, k})
+	}
+	for key, addr := range map[string]string{"metrics_listen": cfg.Agent.MetricsListen, "haproxy_agent_listen": cfg.Agent.HAProxyAgentListen} {
+		if addr != "" {
+			line, k := at("agent", key)
+			claims = append(claims, claim{addr, "agent." + key, line, k})
+		}
+	}
+	for _, dc := range d.decls {
+		if dc.m.Listen != "" {
+			claims = append(claims, claim{dc.m.Listen, "models." + dc.m.Name + ".listen", d.keyLine(dc.t, "listen"), child(dc.t.path, "listen")})
+		}
+	}
+	for i, c := range claims {
+		for _, prev := range claims[:i] {
+			if listensOverlap(prev.addr, c.addr) {
+				d.add(c.line, c.key, fmt.Sprintf("%s collides with %s %s: both cannot listen", c.addr, prev.owner, prev.addr))
+				break
+			}
+		}
+	}
+}
+
+// listensOverlap reports whether two HOST:PORT listen addresses cannot
+// both be bound. Port 0 (any free port) never collides.
+func listensOverlap(a, b string) bool {
+	ha, _, errA := net.SplitHostPort(a)
+	hb, _, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil || addrPort(a) == 0 || addrPort(a) != addrPort(b) {
+		return false
+	}
+	hostsA, hostsB := listenHosts(ha), listenHosts(hb)
+	if hostsA == nil || hostsB == nil {
+		return true // a wildcard: every address
+	}
+	for _, x := range hostsA {
+		if slices.Contains(hostsB, x) {
+			return true
+		}
+	}
+	return false
+}
+
+// listenHosts are the addresses a listen host stands for; nil for a
+// wildcard.
+func listenHosts(h string) []string {
+	switch strings.ToLower(h) {
+	case "", "0.0.0.0", "::":
+		return nil
+	case "localhost":
+		return []string{"127.0.0.1", "::1"}
+	}
+	if ip := net.ParseIP(h); ip != nil {
+		return []string{ip.String()}
+	}
+	return []string{strings.ToLower(h)}
 }
 
 func agentSchema(a *Agent) map[string]setter {
 	return map[string]setter{
 		"supervisor":           setEnum(&a.Supervisor, SupervisorAuto, SupervisorSystemd, SupervisorExec),
 		"state_dir":            setString(&a.StateDir, absPath),
-		"control_socket":       setString(&a.ControlSocket, absPath),
+		"control_socket":       setString(&a.ControlSocket, socketPath),
 		"metrics_listen":       setString(&a.MetricsListen, optional(hostPort)),
 		"events_address":       setString(&a.EventsAddress, optional(zmqAddress)),
 		"haproxy_agent_listen": setString(&a.HAProxyAgentListen, optional(hostPort)),
@@ -399,6 +488,7 @@ func (d *decoder) models(t *table, cfg *Config) []*Model {
 		decls = append(decls, decl{m, mt})
 	}
 	d.checkUnique(decls, cfg)
+	d.decls = decls
 	models := make([]*Model, len(decls))
 	for i, dc := range decls {
 		models[i] = dc.m
@@ -482,7 +572,6 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 	}
 	aliasOwner := map[string]string{}
 	portOwner := map[int]string{}
-	listenOwner := map[string]string{}
 	listenPort := map[int]string{} // napd's own listen ports, for the engines' ports
 	addListen := func(addr, owner string) {
 		if p := addrPort(addr); p != 0 {
@@ -492,7 +581,6 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 		}
 	}
 	for _, l := range cfg.Gateway.Listen {
-		listenOwner[l] = "gateway.listen"
 		addListen(l, "gateway.listen")
 	}
 	addListen(cfg.Agent.MetricsListen, "agent.metrics_listen")
@@ -528,13 +616,6 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 				d.add(line, k, fmt.Sprintf("port %d is napd's own: %s listens on it", m.Port, owner))
 			}
 		}
-		if m.Listen != "" {
-			if owner, dup := listenOwner[m.Listen]; dup {
-				line, k := key("listen")
-				d.add(line, k, fmt.Sprintf("%s is already used by %s", m.Listen, owner))
-			} else {
-				listenOwner[m.Listen] = "model " + m.Name
-			}
-		}
+
 	}
 }

@@ -391,6 +391,21 @@ func absPath(s string) error {
 	return nil
 }
 
+// maxSocketPath is the longest path a Unix socket can bind: sun_path holds
+// 108 bytes with the terminating NUL.
+const maxSocketPath = 107
+
+// socketPath checks an absolute path short enough to bind a Unix socket.
+func socketPath(s string) error {
+	if err := absPath(s); err != nil {
+		return err
+	}
+	if len(s) > maxSocketPath {
+		return fmt.Errorf("%q is %d bytes, longer than a Unix socket path may be (%d)", s, len(s), maxSocketPath)
+	}
+	return nil
+}
+
 func optional(check func(string) error) func(string) error {
 	return func(s string) error {
 		if s == "" {

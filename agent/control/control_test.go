@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -92,12 +93,16 @@ func serve(t *testing.T, c Controller) *Client {
 
 func TestListen_ModeAndStaleSocket(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "control.sock")
-	if err := os.WriteFile(path, nil, 0o600); err != nil { // a stale leftover
-		t.Fatal(err)
-	}
-	l, err := Listen(path)
+	// A stale socket, as a crashed napd leaves it: bound, nobody listening.
+	stale, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	stale.Close()
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatalf("a stale socket was not replaced: %v", err)
 	}
 	defer l.Close()
 	fi, err := os.Stat(path)
@@ -106,6 +111,45 @@ func TestListen_ModeAndStaleSocket(t *testing.T) {
 	}
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 {
 		t.Errorf("mode = %v, want a socket with 0660", fi.Mode())
+	}
+
+	// A running napd's socket is an error, and keeps answering.
+	if _, err := Listen(path); err == nil || !strings.Contains(err.Error(), "a running napd answers") {
+		t.Errorf("Listen over a live socket: %v", err)
+	}
+	if c, err := net.Dial("unix", path); err != nil {
+		t.Errorf("the live socket was removed: %v", err)
+	} else {
+		c.Close()
+	}
+}
+
+func TestListen_KeepsWhatIsNotAStaleSocket(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "control.sock")
+	if err := os.WriteFile(file, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Listen(file); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("Listen over a regular file: %v", err)
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "precious" {
+		t.Errorf("the regular file was touched: %q, %v", b, err)
+	}
+	if os.Geteuid() != 0 {
+		return
+	}
+	// A directory another user owns is refused, with its owner and mode.
+	foreign := filepath.Join(dir, "run")
+	if err := os.Mkdir(foreign, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(foreign, 65534, -1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Listen(filepath.Join(foreign, "control.sock"))
+	if err == nil || !strings.Contains(err.Error(), foreign) || !strings.Contains(err.Error(), "owner uid 65534") {
+		t.Errorf("Listen in a foreign-owned directory: %v", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -11,40 +12,73 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
+
+	"github.com/napd/napd/internal/statefile"
 )
 
 // ErrNotFound is wrapped by Controller errors about a model that does not exist.
 var ErrNotFound = errors.New("no such model")
 
 // Listen creates the control socket at path with mode 0660, owned by group
-// "napd" when that group exists, so members of the group can run napctl. A
-// stale socket left by a crashed napd is replaced.
+// "napd" when that group exists, so members of the group can run napctl.
+// Its directory is created if absent and must be napd's alone (see
+// statefile.Dir). Only a stale socket, one nothing answers on, left by a
+// crashed napd, is replaced: a socket a running napd answers on, or
+// anything that is not a socket, is an error and stays where it is.
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	if err := statefile.Dir(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("control socket %s: directory: %w", path, err)
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("control socket %s: remove stale: %w", path, err)
+	if err := removeStale(path); err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	// Listen creates the file with the umask's mode: set ours explicitly.
+	// The directory is napd's alone, so the path cannot be swapped.
 	if err := os.Chmod(path, 0o660); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
 	if g, err := user.LookupGroup("napd"); err == nil {
 		if gid, err := strconv.Atoi(g.Gid); err == nil {
-			if err := os.Chown(path, -1, gid); err != nil {
+			if err := os.Lchown(path, -1, gid); err != nil {
 				l.Close()
 				return nil, fmt.Errorf("control socket %s: chown to group napd: %w", path, err)
 			}
 		}
 	}
 	return l, nil
+}
+
+// removeStale removes a socket at path that nothing answers on.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("the path exists and is not a socket (mode %s); napd does not delete it", fi.Mode())
+	}
+	c, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err == nil {
+		c.Close()
+		return errors.New("a running napd answers on it; stop that one first (or set another control_socket)")
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("cannot tell whether it is stale: %w", err)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("remove stale: %w", err)
+	}
+	return nil
 }
 
 // Handler serves the control API for c.

@@ -67,6 +67,10 @@ func run(o options, stdout, stderr io.Writer) error {
 		return nil
 	}
 	cfg, err := config.Load(o.configPath)
+	if err == nil && o.check {
+		// What the start would refuse beyond the file: keys, directories.
+		err = agent.Check(cfg)
+	}
 	if err != nil {
 		var problems config.Errors
 		if errors.As(err, &problems) {

@@ -6,7 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/napd/napd/agent/config"
 )
 
 func writeConfig(t *testing.T, src string) string {
@@ -91,5 +95,72 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"--nope"}, &stderr); err == nil {
 		t.Error("unknown flag accepted")
+	}
+}
+
+// TestRun_CheckFailsWhereTheStartWould: every case makes the daemon's start
+// fail, so --check must fail too, naming the key and the cause, and return.
+func TestRun_CheckFailsWhereTheStartWould(t *testing.T) {
+	dir := t.TempDir()
+	model := "[models.a]\ncommand = [\"e\", \"${PORT}\"]\n"
+	malformed := filepath.Join(dir, "keys-malformed")
+	if err := os.WriteFile(malformed, []byte("alice sk-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo.toml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.toml")
+	if err := os.WriteFile(big, bytes.Repeat([]byte("# padding\n"), config.MaxFileSize/10+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, config, want string
+	}{
+		{"api_keys_file missing", writeConfig(t, "[gateway]\napi_keys_file = \""+filepath.Join(dir, "nope")+"\"\n"+model), "gateway.api_keys_file: api keys: open"},
+		{"api_keys_file malformed", writeConfig(t, "[gateway]\napi_keys_file = \""+malformed+"\"\n"+model), "gateway.api_keys_file: " + malformed + ":1: want \"name:key\""},
+		{"api_keys_file a directory", writeConfig(t, "[gateway]\napi_keys_file = \""+dir+"\"\n"+model), "not a regular file but a directory"},
+		{"gateway on the metrics address", writeConfig(t, "[agent]\nmetrics_listen = \"127.0.0.1:9100\"\n[gateway]\nlisten = [\"127.0.0.1:9100\"]\n"), "agent.metrics_listen: 127.0.0.1:9100 collides with gateway.listen"},
+		{"localhost beside 127.0.0.1", writeConfig(t, "[gateway]\nlisten = [\"127.0.0.1:8080\", \"localhost:8080\"]\n"), "gateway.listen: localhost:8080 collides with gateway.listen 127.0.0.1:8080"},
+		{"model port on the gateway", writeConfig(t, "[models.a]\ncommand = [\"e\"]\nport = 8080\n"), "models.a.port: port 8080 is napd's own"},
+		{"control socket path too long", writeConfig(t, "[agent]\ncontrol_socket = \"/run/"+strings.Repeat("n", 110)+".sock\"\n"), "agent.control_socket: "},
+		{"config is a device", "/dev/zero", "not a regular file but a character device"},
+		{"config is a FIFO", fifo, "not a regular file but a named pipe"},
+		{"config too large", big, "more than"},
+	}
+	if os.Geteuid() == 0 {
+		foreign := filepath.Join(dir, "foreign-state")
+		if err := os.Mkdir(foreign, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(foreign, 65534, -1); err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, struct{ name, config, want string }{"state_dir owned by another user",
+			writeConfig(t, "[agent]\nstate_dir = \""+foreign+"\"\n"), "agent.state_dir: " + foreign + ": owner uid 65534, mode -rwxr-xr-x"})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			done := make(chan error, 1)
+			go func() { done <- run(options{configPath: c.config, check: true}, &stdout, &stderr) }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("napd --check did not return")
+			}
+			msg := stderr.String()
+			if err != nil && !errors.Is(err, errCheckFailed) {
+				msg += err.Error()
+			}
+			if err == nil || !strings.Contains(msg, c.want) {
+				t.Errorf("--check = %v, output %q; want a failure saying %q", err, msg, c.want)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout = %q", stdout.String())
+			}
+		})
 	}
 }

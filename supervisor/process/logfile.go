@@ -9,6 +9,8 @@ import (
 	"os"
 	"strconv"
 	"sync"
+
+	"github.com/napd/napd/internal/statefile"
 )
 
 // logFile is one model's output log: appended to across restarts of the
@@ -32,7 +34,8 @@ func openLog(path string, max int64, keep int) (*logFile, error) {
 }
 
 func (l *logFile) open() error {
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	// A symlink planted in place of the log is not followed: napd is root.
+	f, err := statefile.OpenAppend(l.path, 0o640)
 	if err != nil {
 		return fmt.Errorf("open engine log: %w", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -106,8 +107,8 @@ func New(opts Options) (*Backend, error) {
 		opts.LogKeep = DefaultLogKeep
 	}
 	logDir := filepath.Join(opts.StateDir, "logs")
-	if err := os.MkdirAll(logDir, 0o750); err != nil {
-		return nil, fmt.Errorf("exec backend: %w", err)
+	if err := statefile.Dir(logDir, 0o750); err != nil {
+		return nil, fmt.Errorf("exec backend: engine logs: %w", err)
 	}
 	log := opts.Logger
 	if log == nil {

@@ -583,3 +583,39 @@ func TestBackend_GroupRecordedWhileRunning(t *testing.T) {
 		t.Errorf("groups after stop: %v, %v", groups, err)
 	}
 }
+
+// A symlink a local user planted where an engine's log goes is not
+// followed: the start fails and the symlink's target is untouched.
+func TestBackend_PlantedLogSymlinkNotFollowed(t *testing.T) {
+	b := newBackend(t, Options{})
+	target := filepath.Join(t.TempDir(), "passwd")
+	if err := os.WriteFile(target, []byte("root:x:0:0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, b.LogPath("planted")); err != nil {
+		t.Fatal(err)
+	}
+	spec := fakeSpec(t, "planted", map[string]string{fakeengine.EnvSpewBytes: "1000"})
+	err := b.Start(context.Background(), spec)
+	if err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("start with a planted log symlink: %v", err)
+	}
+	if data, _ := os.ReadFile(target); string(data) != "root:x:0:0\n" {
+		t.Errorf("the symlink's target was written: %q", data)
+	}
+}
+
+// The exec backend refuses a logs/ directory another user may write.
+func TestBackend_RefusesUnsafeLogDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "logs"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "logs"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(Options{StateDir: dir})
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "logs")) || !strings.Contains(err.Error(), "rwxrwxrwx") {
+		t.Errorf("New with a world-writable logs/: %v", err)
+	}
+}
