@@ -3,7 +3,6 @@ package statefile
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -162,20 +161,10 @@ func ReadRegular(path string, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case !fi.Mode().IsRegular():
+	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file but %s", path, kind(fi.Mode()))
-	case fi.Size() > limit:
-		return nil, fmt.Errorf("%s: %d bytes, more than %d", path, fi.Size(), limit)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s: more than %d bytes", path, limit)
-	}
-	return data, nil
+	return readAtMost(f, path, fi.Size(), limit)
 }
 
 // kind names a file type for an error message.

@@ -78,8 +78,15 @@ func Read(path string, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s: owner uid %d: %w", path, st.Uid, ErrUnsafe)
 	case fi.Mode().Perm()&0o022 != 0:
 		return nil, fmt.Errorf("%s: mode %s: %w", path, fi.Mode().Perm(), ErrUnsafe)
-	case fi.Size() > limit:
-		return nil, fmt.Errorf("%s: %d bytes, more than %d", path, fi.Size(), limit)
+	}
+	return readAtMost(f, path, fi.Size(), limit)
+}
+
+// readAtMost reads the open file f of the given size, refusing more than
+// limit bytes (before reading, and again while reading a growing file).
+func readAtMost(f *os.File, path string, size, limit int64) ([]byte, error) {
+	if size > limit {
+		return nil, fmt.Errorf("%s: %d bytes, more than %d", path, size, limit)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
