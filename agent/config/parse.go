@@ -287,10 +287,13 @@ func (d *decoder) checkListens(cfg *Config) {
 		line, k := at("gateway", "listen")
 		claims = append(claims, claim{l, "gateway.listen", line, k})
 	}
-	for key, addr := range map[string]string{"metrics_listen": cfg.Agent.MetricsListen, "haproxy_agent_listen": cfg.Agent.HAProxyAgentListen} {
-		if addr != "" {
-			line, k := at("agent", key)
-			claims = append(claims, claim{addr, "agent." + key, line, k})
+	for _, a := range []struct{ key, addr string }{
+		{"metrics_listen", cfg.Agent.MetricsListen},
+		{"haproxy_agent_listen", cfg.Agent.HAProxyAgentListen},
+	} {
+		if a.addr != "" {
+			line, k := at("agent", a.key)
+			claims = append(claims, claim{a.addr, "agent." + a.key, line, k})
 		}
 	}
 	for _, dc := range d.decls {
