@@ -214,6 +214,16 @@ func (e *env) next() Observation {
 	}
 }
 
+// waitObservations waits until n requests were observed: Observe runs as
+// the handler ends, which may be after the client has read the reply.
+func (e *env) waitObservations(n int) []observation {
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.observed()) < n && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond) // polling the handler's end, which sends nothing
+	}
+	return e.observations()
+}
+
 func (e *env) observed() []Observation {
 	e.obsMu.Lock()
 	defer e.obsMu.Unlock()

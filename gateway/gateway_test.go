@@ -56,7 +56,7 @@ func TestGateway_ForwardsBodyByteForByte(t *testing.T) {
 	if o := e.models.outcome(); o.Cancelled || o.Response != nil {
 		t.Errorf("outcome %+v", o)
 	}
-	if obs := e.observations(); len(obs) != 1 || obs[0] != (observation{"m1", 200}) {
+	if obs := e.waitObservations(1); len(obs) != 1 || obs[0] != (observation{"m1", 200}) {
 		t.Errorf("observations %+v", obs)
 	}
 }
@@ -421,11 +421,7 @@ func TestGateway_ClientDisconnectWhileQueuedWritesNothing(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Admit context not cancelled")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(e.observations()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if obs := e.observations(); len(obs) != 1 || obs[0] != (observation{"m1", StatusClientClosed}) {
+	if obs := e.waitObservations(1); len(obs) != 1 || obs[0] != (observation{"m1", StatusClientClosed}) {
 		t.Errorf("observations %+v", obs)
 	}
 	if strings.Contains(e.logs.String(), "level\":\"ERROR") {
