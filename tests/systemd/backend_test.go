@@ -11,9 +11,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +33,18 @@ const (
 func TestMain(m *testing.M) {
 	switch os.Getenv(engineEnv) {
 	case "serve":
+		http.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+		fmt.Fprintln(os.Stderr, http.ListenAndServe("127.0.0.1:"+os.Getenv("PORT"), nil))
+		os.Exit(2)
+	case "spawn":
+		// A worker the engine spawns, as vLLM does; it ignores SIGTERM.
+		child := exec.Command("sh", "-c", "trap '' TERM; exec sleep 600")
+		if err := child.Start(); err != nil {
+			os.Exit(3)
+		}
+		if err := os.WriteFile(os.Getenv("PIDFILE"), []byte(fmt.Sprint(child.Process.Pid)), 0o644); err != nil {
+			os.Exit(3)
+		}
 		http.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 		fmt.Fprintln(os.Stderr, http.ListenAndServe("127.0.0.1:"+os.Getenv("PORT"), nil))
 		os.Exit(2)
@@ -315,5 +329,51 @@ func TestInBox_OperatorUnit(t *testing.T) {
 	waitEvent(t, be, "op", supervisor.ProcStopped)
 	if out, _ := execOut("systemctl", "is-active", spec.Unit); strings.TrimSpace(out) != "inactive" {
 		t.Errorf("operator unit is %q after Stop", out)
+	}
+}
+
+// A napd that dies (nothing stopped, as with SIGKILL) leaves its engine
+// unit to systemd; the next napd adopts it, and stopping it ends every
+// process of its cgroup, the worker it spawned included.
+func TestInBox_CrashedNapdLeavesNothingUnmanaged(t *testing.T) {
+	ctx, be := inBox(t)
+	spec := engineSpec("eps", 18006, "spawn")
+	pidFile := filepath.Join(t.TempDir(), "worker.pid")
+	spec.Environment["PIDFILE"] = pidFile
+	if err := be.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	waitHealthy(t, spec)
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var worker int
+	fmt.Sscan(string(b), &worker)
+	be.Close() // napd is gone; systemd keeps the unit
+
+	be2, err := systemd.New(ctx, systemd.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be2.Close()
+	if running, err := be2.Running(ctx); err != nil || !slices.Contains(running, "eps") {
+		t.Fatalf("the restarted napd does not find the engine: %v, %v", running, err)
+	}
+	st, err := be2.Status(ctx, spec)
+	if err != nil || !slices.Contains(st.PIDs, worker) {
+		t.Fatalf("the adopted engine's processes %v (%v) lack its worker %d", st.PIDs, err, worker)
+	}
+	if err := be2.Stop(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	// Stop returns once the unit is inactive, its cgroup empty; the box's
+	// init may take a moment to reap the worker.
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(worker, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine's worker %d outlived the stop", worker)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
