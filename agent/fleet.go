@@ -35,19 +35,27 @@ func (a *Agent) agentCheckStatus(name string) (agentcheck.Status, bool) {
 		return agentcheck.Status{}, false
 	}
 	s := m.snap.Load()
-	return agentcheck.Status{Health: balancerHealth(s.lc.State), State: s.lc.State.String(), QueueDepth: s.queueDepth}, true
+	health := balancerHealth(s.lc)
+	state := s.lc.State.String()
+	if s.lc.RoomWait {
+		state = "waiting for room"
+	}
+	return agentcheck.Status{Health: health, State: state, QueueDepth: s.queueDepth}, true
 }
 
 // balancerHealth is the one place that decides what a balancer is told
-// about a model in state st. A wake under way counts as serving: the
-// requests that follow the one that woke it queue for it, instead of
-// waking the model on another host too.
-//
-// Waiting for room (a wake queued behind other models' GPU memory, issue
-// 13) is to answer Draining, as a drain does: add it here when it exists.
-func balancerHealth(st lifecycle.State) agentcheck.Health {
-	switch st {
-	case lifecycle.Awake, lifecycle.Unsupported, lifecycle.Waking:
+// about a model. A wake under way counts as serving: the requests that
+// follow the one that woke it queue for it, instead of waking the model on
+// another host too. A wake that waits for GPU memory other models hold
+// drains, as a drain does: the next requests go to another host.
+func balancerHealth(lc lifecycle.Snapshot) agentcheck.Health {
+	switch lc.State {
+	case lifecycle.Waking:
+		if lc.RoomWait {
+			return agentcheck.Draining
+		}
+		return agentcheck.Serving
+	case lifecycle.Awake, lifecycle.Unsupported:
 		return agentcheck.Serving
 	case lifecycle.Sleeping, lifecycle.Unverified:
 		return agentcheck.Wakeable

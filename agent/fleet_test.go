@@ -26,8 +26,11 @@ func TestBalancerHealth_EveryState(t *testing.T) {
 			t.Errorf("state %s: no answer decided for balancers (balancerHealth)", s)
 			continue
 		}
-		if got := balancerHealth(s); got != h {
+		if got := balancerHealth(lifecycle.Snapshot{State: s}); got != h {
 			t.Errorf("balancerHealth(%s) = %d, want %d", s, got, h)
 		}
+	}
+	if got := balancerHealth(lifecycle.Snapshot{State: lifecycle.Waking, RoomWait: true}); got != agentcheck.Draining {
+		t.Errorf("balancerHealth(waking for room) = %d, want Draining", got)
 	}
 }

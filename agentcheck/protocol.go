@@ -28,8 +28,8 @@ const (
 	// Wakeable: asleep, and a request would wake it. Answered `up ready 1%`,
 	// or `up ready 0%` to an `awake` request.
 	Wakeable
-	// Draining: takes no new work for now (a sleep is under way). Answered
-	// `up drain`.
+	// Draining: takes no new work for now (a sleep is under way, or a wake
+	// waits for GPU memory other models hold). Answered `up drain`.
 	Draining
 	// Failed: refuses every request until an operator resets it. Answered
 	// `down`.
@@ -39,7 +39,7 @@ const (
 // Status is one model's state as the agent reports it.
 type Status struct {
 	Health     Health
-	State      string // the lifecycle state's name, for the description
+	State      string // the state in words, for the description
 	QueueDepth int    // requests waiting for a slot or a wake
 }
 

@@ -80,6 +80,8 @@ func (m *Machine) Snapshot() Snapshot {
 	return Snapshot{
 		State: m.state, Reason: m.reason, Since: m.since,
 		Attempts: m.attempts, Budget: m.policy.WakeAttempts, LastWake: m.lastWake,
+		// A wake's clock stops only while it waits for room.
+		RoomWait: m.state == Waking && m.wakeDeadline.IsZero(),
 	}
 }
 

@@ -715,13 +715,19 @@ func TestMachine_RoomWaitStopsTheWakeClock(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
 	_, d := b.arrive(lease.Request{Kind: lease.KindChat})
 	op := want(t, d, lifecycle.StartWake).Op
+	if b.m.Snapshot().RoomWait {
+		t.Fatal("RoomWait before WaitingForRoom")
+	}
 	b.m.WaitingForRoom(b.now, op, "held by busy a (20.0 GiB)")
-	if s := b.wantState(lifecycle.Waking); !strings.Contains(s.Reason, "busy a") {
-		t.Fatalf("reason = %q", s.Reason)
+	if s := b.wantState(lifecycle.Waking); !strings.Contains(s.Reason, "busy a") || !s.RoomWait {
+		t.Fatalf("reason = %q, room wait %v", s.Reason, s.RoomWait)
 	}
 	b.advance(time.Hour)
 	want(t, b.tick(), lifecycle.None)
 	b.m.RoomFound(b.now, op)
+	if b.m.Snapshot().RoomWait {
+		t.Fatal("RoomWait after RoomFound")
+	}
 	b.advance(3 * time.Second)
 	want(t, b.wakeDone(op, nil), lifecycle.AdmitWaiting)
 	if s := b.m.Snapshot(); s.LastWake != 3*time.Second {

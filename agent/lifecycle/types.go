@@ -307,4 +307,7 @@ type Snapshot struct {
 	Budget   int       // wake_attempts
 	// LastWake is how long the last verified wake took (0 before any).
 	LastWake time.Duration
+	// RoomWait: Waking, but the wake waits for GPU memory other models
+	// hold (WaitingForRoom) and has not started.
+	RoomWait bool
 }
