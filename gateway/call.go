@@ -308,7 +308,14 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 // admit asks Models for a slot and then replays or proxies.
 func (c *call) admit(ctx context.Context, r *http.Request, body []byte, a Admission) {
 	asked := c.g.now()
-	t, err := c.g.models.Admit(ctx, a)
+	var t *Ticket
+	var err error
+	if p, ok := c.g.models.(Progress); ok && a.Stream && !c.anthropic && wantsProgress(p, a.Model) {
+		defer c.w.endEarly()
+		t, err = c.admitWithProgress(ctx, p, a)
+	} else {
+		t, err = c.g.models.Admit(ctx, a)
+	}
 	if err != nil {
 		c.refused(err)
 		return
@@ -321,6 +328,11 @@ func (c *call) admit(ctx context.Context, r *http.Request, body []byte, a Admiss
 		return
 	}
 	c.proxy(ctx, r, body, t, a.IdempotencyKey != "")
+}
+
+func wantsProgress(p Progress, model string) bool {
+	_, ok := p.Progress(model)
+	return ok
 }
 
 // refused answers an Admit error: a Refusal says its own status; a deadline
@@ -497,10 +509,12 @@ type modelEntry struct {
 }
 
 type modelNapd struct {
-	State   string   `json:"state"`
-	Reason  string   `json:"reason,omitempty"`
-	Aliases []string `json:"aliases"`
-	AliasOf string   `json:"alias_of,omitempty"`
+	State       string   `json:"state"`
+	Reason      string   `json:"reason,omitempty"`
+	Aliases     []string `json:"aliases"`
+	AliasOf     string   `json:"alias_of,omitempty"`
+	RoomWaiting int      `json:"room_waiting,omitempty"`
+	WaitingFor  string   `json:"waiting_for,omitempty"`
 }
 
 // entry is m's /v1/models entry or, when alias is not "", the entry of
@@ -508,7 +522,7 @@ type modelNapd struct {
 func (g *Gateway) entry(m ModelInfo, alias string) modelEntry {
 	e := modelEntry{
 		ID: m.Name, Object: "model", Created: g.created, OwnedBy: "napd",
-		Napd: modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases},
+		Napd: modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases, RoomWaiting: m.RoomWaiting, WaitingFor: m.WaitingFor},
 	}
 	if alias != "" {
 		e.ID, e.Napd.AliasOf, e.Napd.Aliases = alias, m.Name, nil

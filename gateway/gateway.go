@@ -56,6 +56,9 @@ type Options struct {
 	// CORSOrigins are the browser origins allowed ("*" is any); none means
 	// no CORS headers and no preflights answered.
 	CORSOrigins []string
+	// ProgressAfter and ProgressEvery time the wake progress of models
+	// that offer it (see Progress); 0 means the defaults.
+	ProgressAfter, ProgressEvery time.Duration
 }
 
 // Route is a path outside /v1 the gateway routes to a model.

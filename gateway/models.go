@@ -92,6 +92,10 @@ type ModelInfo struct {
 	// Serving: requests are forwarded at once, without a wake (awake, or
 	// unsupported). GET /health/models/NAME answers 200 only then.
 	Serving bool
+	// RoomWaiting requests wait for its wake to get GPU memory held by
+	// WaitingFor ("" when it does not wait).
+	RoomWaiting int
+	WaitingFor  string
 }
 
 // Refusal is a request the model cannot take: the gateway answers Status

@@ -222,6 +222,13 @@ type recorder struct {
 	header    http.Header
 	body      []byte
 	overflow  bool
+	// early: the 200 and SSE headers went out while the request waited
+	// (wake progress). A later status other than 200 (lateStatus) is not
+	// sent: its body is kept (lateBody) and ends the stream as an error
+	// event (endEarly).
+	early      bool
+	lateStatus int
+	lateBody   []byte
 }
 
 func newRecorder(w http.ResponseWriter, timeout time.Duration) *recorder {
@@ -244,6 +251,12 @@ func (w *recorder) extend() {
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *recorder) WriteHeader(code int) {
+	if w.early {
+		if code != http.StatusOK && code >= 200 && w.lateStatus == 0 {
+			w.lateStatus = code
+		}
+		return
+	}
 	// 1xx responses other than 101 are interim; the final status follows.
 	w.extend()
 	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
@@ -256,6 +269,12 @@ func (w *recorder) WriteHeader(code int) {
 }
 
 func (w *recorder) Write(p []byte) (int, error) {
+	if w.lateStatus != 0 {
+		if len(w.lateBody) < maxErrorEvent {
+			w.lateBody = append(w.lateBody, p[:min(len(p), maxErrorEvent-len(w.lateBody))]...)
+		}
+		return len(p), nil
+	}
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}

@@ -1,0 +1,101 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Progress is implemented by Models that offer wake progress: for a model
+// where Progress says ok, a streaming request that waits to be admitted
+// longer than Options.ProgressAfter gets its 200 and SSE headers at once,
+// then an SSE comment line (": LABEL, 12 s") every ProgressEvery until the
+// engine answers. label says what the request waits for ("waking b").
+type Progress interface {
+	Progress(model string) (label string, ok bool)
+}
+
+// Defaults of the wake progress timing.
+const (
+	DefaultProgressAfter = 3 * time.Second
+	DefaultProgressEvery = 5 * time.Second
+)
+
+// admitWithProgress is Admit for a streaming request to a model with wake
+// progress: while Admit waits, it commits the stream early and sends
+// comments. Admit runs on its own goroutine; its result is always awaited.
+func (c *call) admitWithProgress(ctx context.Context, p Progress, a Admission) (*Ticket, error) {
+	type result struct {
+		t   *Ticket
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		t, err := c.g.models.Admit(ctx, a)
+		done <- result{t, err}
+	}()
+	after, every := c.g.opts.ProgressAfter, c.g.opts.ProgressEvery
+	if after <= 0 {
+		after = DefaultProgressAfter
+	}
+	if every <= 0 {
+		every = DefaultProgressEvery
+	}
+	tick := time.NewTimer(after)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			return r.t, r.err
+		case <-tick.C:
+			label, _ := p.Progress(a.Model)
+			c.w.progress(fmt.Sprintf(": %s, %d s\n\n", label, int(c.g.now().Sub(c.start).Seconds())))
+			tick.Reset(every)
+		}
+	}
+}
+
+// progress sends an SSE comment, committing the stream (200, SSE headers)
+// first if it is not yet. A failed write is left to the next write to see.
+func (w *recorder) progress(comment string) {
+	if !w.early {
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no") // nginx in front must not hold the comments back
+		w.WriteHeader(http.StatusOK)
+		w.early = true
+	}
+	_, _ = w.Write([]byte(comment))
+	_ = w.rc.Flush()
+}
+
+// maxErrorEvent bounds an error answer turned into an event.
+const maxErrorEvent = 64 << 10
+
+// endEarly finishes a stream committed early whose answer was not a 200
+// (a refusal, a timeout, the engine's error): the client gets it as an
+// OpenAI-shaped error event, the status having been sent already.
+func (w *recorder) endEarly() {
+	if !w.early || w.lateStatus == 0 {
+		return
+	}
+	body := bytes.TrimSpace(w.lateBody)
+	var probe map[string]json.RawMessage
+	if json.Unmarshal(body, &probe) != nil || probe["error"] == nil {
+		b, _ := json.Marshal(errorBody{Error: errorDetail{Message: fmt.Sprintf("the engine answered %d", w.lateStatus),
+			Type: "server_error", Code: "upstream_error"}})
+		body = b
+	} else {
+		var compact bytes.Buffer
+		if json.Compact(&compact, body) == nil {
+			body = compact.Bytes()
+		}
+	}
+	w.lateStatus = 0 // what follows goes out as is
+	_, _ = w.Write(append(append([]byte("data: "), body...), '\n', '\n'))
+	_ = w.rc.Flush()
+}
