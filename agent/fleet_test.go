@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agentcheck"
 )
@@ -32,5 +34,15 @@ func TestBalancerHealth_EveryState(t *testing.T) {
 	}
 	if got := balancerHealth(lifecycle.Snapshot{State: lifecycle.Waking, RoomWait: true}); got != agentcheck.Draining {
 		t.Errorf("balancerHealth(waking for room) = %d, want Draining", got)
+	}
+}
+
+// The agent check's listener is bound at start: a reload that changes it
+// says so.
+func TestRestartOnlyChanges_AgentCheckListen(t *testing.T) {
+	old, cfg := config.Default(), config.Default()
+	cfg.Agent.HAProxyAgentListen = "10.0.0.1:8081"
+	if got := restartOnlyChanges(old, cfg); !slices.Contains(got, "agent.haproxy_agent_listen") {
+		t.Errorf("restartOnlyChanges = %v, want agent.haproxy_agent_listen", got)
 	}
 }
