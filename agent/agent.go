@@ -27,6 +27,7 @@ import (
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/statefile"
@@ -57,12 +58,17 @@ const (
 
 // Agent is a running napd.
 type Agent struct {
-	opts    Options
-	log     *slog.Logger
-	level   *slog.LevelVar
-	ctx     context.Context // cancelled when napd stops
-	clock   func() time.Time
-	started time.Time
+	opts  Options
+	log   *slog.Logger
+	level *slog.LevelVar
+	ctx   context.Context // cancelled when napd stops
+	// ctrlCtx is cancelled when napd starts stopping: control and admin
+	// requests (event followers never end on their own) end then, so they
+	// do not hold the shutdown for its grace period.
+	ctrlCtx    context.Context
+	endControl context.CancelFunc
+	clock      func() time.Time
+	started    time.Time
 
 	cfg     atomic.Pointer[config.Config]
 	reg     atomic.Pointer[registry]
@@ -121,6 +127,7 @@ func Run(ctx context.Context, opts Options) error {
 		notify:     notifier{log: log},
 		statusKick: make(chan struct{}, 1),
 	}
+	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
 	a.metrics = metrics.New(a.metricsSnapshot)
 	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models))
@@ -270,9 +277,9 @@ func (a *Agent) reconcile(ctx context.Context, models []*model) {
 type servers struct {
 	gateway []*http.Server
 	control *http.Server
-	// endControl cancels the control requests' context: event followers
-	// (napctl events -f) never end on their own, and Shutdown would wait
-	// the whole grace period for them.
+	// endControl cancels the control and admin requests' context: event
+	// followers (napctl events -f, /napd/v1/events) never end on their
+	// own, and Shutdown would wait the whole grace period for them.
 	endControl context.CancelFunc
 	metrics    *http.Server
 	agentCheck *agentcheck.Server // nil when haproxy_agent_listen is off
@@ -332,9 +339,8 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 		return nil, err
 	}
 	s.control = newServer(control.Handler(a, a.log))
-	ctrlCtx, endControl := context.WithCancel(a.ctx)
-	s.control.BaseContext = func(net.Listener) context.Context { return ctrlCtx }
-	s.endControl = endControl
+	s.control.BaseContext = func(net.Listener) context.Context { return a.ctrlCtx }
+	s.endControl = a.endControl
 	go a.serveOn(s.control, cl, "control")
 	if cfg.Agent.MetricsListen != "" {
 		ml, err := net.Listen("tcp", cfg.Agent.MetricsListen)
@@ -426,6 +432,7 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 		CORSOrigins:    cfg.Gateway.CORSOrigins,
 		Logger:         a.log,
 		Observe:        a.metrics.Request,
+		Admin:          a.adminHandler(),
 	}, (*gatewayModels)(a))
 	h := gw.Handler()
 	a.handler.Store(&h)
@@ -442,6 +449,21 @@ func gatewayRoutes(rs []config.Route) []gateway.Route {
 		out[i] = gateway.Route{Method: r.Method, Path: r.Path}
 	}
 	return out
+}
+
+// adminHandler serves /napd/ on the gateway (which authorises): the
+// control API's status, wake, sleep, reset and events, and the status page.
+// Its requests end when napd starts stopping, as control requests do.
+func (a *Agent) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(control.AdminPrefix+"/v1/", control.AdminHandler(a, a.log))
+	mux.Handle("GET "+gateway.AdminPath+"{$}", statuspage.Handler(a.Status, a.clock, a.log))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer context.AfterFunc(a.ctrlCtx, cancel)()
+		mux.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // forgetClients drops the request and token series of keys a reload removed.

@@ -48,7 +48,7 @@ func (a *Agent) Status() control.Status {
 		s := m.snap.Load()
 		ev, _ := a.tracker.Evidence(m.name)
 		row := control.ModelStatus{
-			Name: m.name, Aliases: s.cfg.Aliases, State: s.lc.State.String(), Reason: s.lc.Reason,
+			Name: m.name, Aliases: s.cfg.Aliases, State: s.lc.State.String(), Reason: s.lc.Reason, StateSince: s.lc.Since,
 			Port: s.spec.Port, Transport: s.cfg.Transport, Sleep: s.cfg.Sleep, Pinned: s.cfg.Pinned,
 			Leases: ev.Active, QueueDepth: s.queueDepth, LastWakeMs: s.lc.LastWake.Milliseconds(),
 			Attempts: s.lc.Attempts, Footprint: a.footprint(s.cfg),

@@ -30,6 +30,10 @@ type Options struct {
 	// `x-api-key: <key>`) required on everything but /health; both headers
 	// are then napd's and never reach an engine.
 	APIKeys *APIKeys
+	// Admin, when non-nil, serves /napd/… on the shared socket (the admin
+	// API and the status page), to admin keys only or, without APIKeys, to
+	// loopback clients only.
+	Admin http.Handler
 	// UpstreamDeny adds entries to DefaultUpstreamDeny and UpstreamAllow
 	// exempts entries from it (see docs/security.md): an engine path both
 	// lists refuse gets 403 on every route that forwards to an engine.
@@ -182,10 +186,19 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 		c.writeJSON(http.StatusOK, healthBody)
 		return
 	}
+	admin := dedicated == "" && isAdminPath(r.URL.Path)
 	if g.opts.APIKeys != nil {
-		name, ok := g.opts.APIKeys.check(r.Header)
+		cred := r.Header
+		if admin {
+			cred = adminCredential(r)
+		}
+		name, ok := g.opts.APIKeys.check(cred)
 		if !ok {
 			c.w.Header().Set("WWW-Authenticate", `Bearer realm="napd"`)
+			if admin {
+				// Lets a browser ask for the key to show the status page.
+				c.w.Header().Add("WWW-Authenticate", `Basic realm="napd admin", charset="UTF-8"`)
+			}
 			c.fail(http.StatusUnauthorized, "invalid_api_key", "missing or invalid API key")
 			return
 		}
@@ -199,6 +212,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 	}
 	path := r.URL.Path
 	switch {
+	case admin:
+		c.admin(r)
 	case path == "/v1/models":
 		c.listModels(r)
 	case strings.HasPrefix(path, "/v1/models/"):

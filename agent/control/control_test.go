@@ -1,11 +1,15 @@
 package control
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -242,5 +246,77 @@ func TestClient_Logs(t *testing.T) {
 	}
 	if _, err := c.Logs(context.Background(), "m", 0); err == nil || !strings.Contains(err.Error(), "lines") {
 		t.Errorf("0 lines: %v", err)
+	}
+}
+
+// The admin handler serves status, wake, sleep, reset and events (as SSE)
+// under /napd, and neither logs nor reload.
+func TestAdminHandler_RoutesAndSSE(t *testing.T) {
+	f := &fakeController{events: make(chan Event, 2)}
+	srv := httptest.NewServer(AdminHandler(f, nil))
+	defer srv.Close()
+	get := func(method, path string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	if resp, body := get("GET", "/napd/v1/status"); resp.StatusCode != 200 || !strings.Contains(body, `"name":"m"`) {
+		t.Errorf("status: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := get("POST", "/napd/v1/models/m/wake"); resp.StatusCode != 200 || !strings.Contains(body, `"done":true`) {
+		t.Errorf("wake: %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := get("POST", "/napd/v1/models/m/sleep?strategy=stop"); resp.StatusCode != 200 {
+		t.Errorf("sleep: %d", resp.StatusCode)
+	}
+	if resp, _ := get("POST", "/napd/v1/models/m/reset"); resp.StatusCode != 200 {
+		t.Errorf("reset: %d", resp.StatusCode)
+	}
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/napd/v1/models/m/logs"}, {"POST", "/napd/v1/reload"}, {"GET", "/v1/status"},
+	} {
+		if resp, _ := get(c.method, c.path); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s %s: %d, want 404", c.method, c.path, resp.StatusCode)
+		}
+	}
+	if f.reloads != 0 || strings.Join(f.slept, ",") != "m/stop" || strings.Join(f.reset, ",") != "m" {
+		t.Errorf("controller saw slept=%v reset=%v reloads=%d", f.slept, f.reset, f.reloads)
+	}
+
+	f.events <- Event{Model: "m", Kind: "state", From: "sleeping", To: "waking", Reason: "request"}
+	f.events <- Event{Model: "m", Kind: "wake", WakeMs: 412}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/napd/v1/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	r := bufio.NewReader(resp.Body)
+	var lines []string
+	for len(lines) < 6 {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %q: %v", lines, err)
+		}
+		lines = append(lines, strings.TrimSuffix(line, "\n"))
+	}
+	if lines[0] != "event: state" || !strings.HasPrefix(lines[1], "data: {") || lines[2] != "" ||
+		lines[3] != "event: wake" || !strings.Contains(lines[4], `"wake_ms":412`) || lines[5] != "" {
+		t.Errorf("SSE stream:\n%s", strings.Join(lines, "\n"))
+	}
+	var ev Event
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[1], "data: ")), &ev); err != nil || ev.To != "waking" {
+		t.Errorf("first event %+v, %v", ev, err)
 	}
 }

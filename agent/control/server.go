@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -83,24 +84,49 @@ func removeStale(path string) error {
 
 // Handler serves the control API for c.
 func Handler(c Controller, log *slog.Logger) http.Handler {
+	s := newServer(c, log)
+	mux := http.NewServeMux()
+	s.register(mux, "")
+	mux.HandleFunc("GET /v1/models/{model}/logs", s.logs)
+	mux.HandleFunc("POST /v1/reload", s.reload)
+	return mux
+}
+
+// AdminPrefix is where the gateway serves the admin API.
+const AdminPrefix = "/napd"
+
+// AdminHandler serves the part of the control API the gateway offers
+// admins over HTTP, under AdminPrefix: status, wake, sleep, reset and
+// events, the latter as Server-Sent Events. Engine logs (which may hold
+// prompts) and reload stay on the Unix socket. The caller authorises.
+func AdminHandler(c Controller, log *slog.Logger) http.Handler {
+	s := newServer(c, log)
+	s.sse = true
+	mux := http.NewServeMux()
+	s.register(mux, AdminPrefix)
+	return mux
+}
+
+func newServer(c Controller, log *slog.Logger) *server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &server{c: c, log: log}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/status", s.status)
-	mux.HandleFunc("POST /v1/models/{model}/wake", s.wake)
-	mux.HandleFunc("POST /v1/models/{model}/sleep", s.sleep)
-	mux.HandleFunc("POST /v1/models/{model}/reset", s.reset)
-	mux.HandleFunc("GET /v1/models/{model}/logs", s.logs)
-	mux.HandleFunc("GET /v1/events", s.events)
-	mux.HandleFunc("POST /v1/reload", s.reload)
-	return mux
+	return &server{c: c, log: log}
+}
+
+// register adds the routes both handlers serve, under prefix.
+func (s *server) register(mux *http.ServeMux, prefix string) {
+	mux.HandleFunc("GET "+prefix+"/v1/status", s.status)
+	mux.HandleFunc("POST "+prefix+"/v1/models/{model}/wake", s.wake)
+	mux.HandleFunc("POST "+prefix+"/v1/models/{model}/sleep", s.sleep)
+	mux.HandleFunc("POST "+prefix+"/v1/models/{model}/reset", s.reset)
+	mux.HandleFunc("GET "+prefix+"/v1/events", s.events)
 }
 
 type server struct {
 	c   Controller
 	log *slog.Logger
+	sse bool // events as Server-Sent Events rather than NDJSON
 }
 
 func (s *server) status(w http.ResponseWriter, _ *http.Request) {
@@ -193,25 +219,54 @@ func (s *server) reply(w http.ResponseWriter, err error) {
 	}
 }
 
+// sseHeartbeat is how often an idle SSE stream gets a comment line, so
+// proxies and browsers keep it open.
+const sseHeartbeat = 30 * time.Second
+
 func (s *server) events(w http.ResponseWriter, r *http.Request) {
 	ch, cancel := s.c.Subscribe()
 	defer cancel()
-	w.Header().Set("Content-Type", "application/x-ndjson")
+	if s.sse {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+	} else {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	}
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	enc := json.NewEncoder(w)
+	var beat <-chan time.Time
+	if s.sse {
+		t := time.NewTicker(sseHeartbeat)
+		defer t.Stop()
+		beat = t.C
+	}
 	for {
+		var err error
 		select {
 		case <-r.Context().Done():
 			return
+		case <-beat:
+			_, err = io.WriteString(w, ": heartbeat\n\n")
 		case ev, ok := <-ch:
 			if !ok {
 				return
 			}
-			if enc.Encode(ev) != nil || rc.Flush() != nil {
-				return
+			if s.sse {
+				// One event per message; JSON has no raw newlines, so one
+				// data line carries it.
+				_, err = io.WriteString(w, "event: "+ev.Kind+"\ndata: ")
 			}
+			if err == nil {
+				err = enc.Encode(ev) // ends with the newline the data line needs
+			}
+			if err == nil && s.sse {
+				_, err = io.WriteString(w, "\n")
+			}
+		}
+		if err != nil || rc.Flush() != nil {
+			return
 		}
 	}
 }

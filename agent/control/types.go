@@ -11,6 +11,9 @@
 //	GET  /v1/models/{model}/logs         ?lines=N: the engine's last output lines
 //	GET  /v1/events                      NDJSON stream of Event
 //	POST /v1/reload                      reload the config file (as SIGHUP)
+//
+// The gateway serves status, wake, sleep, reset and events (as SSE) to
+// admins under /napd/v1/… (AdminHandler).
 package control
 
 import (
@@ -31,17 +34,19 @@ type Status struct {
 
 // ModelStatus is one model's row.
 type ModelStatus struct {
-	Name       string   `json:"name"`
-	Aliases    []string `json:"aliases,omitempty"`
-	State      string   `json:"state"`
-	Reason     string   `json:"reason,omitempty"`
-	Unit       string   `json:"unit,omitempty"`
-	Port       int      `json:"port,omitempty"`
-	Transport  string   `json:"transport"`
-	Sleep      string   `json:"sleep"`
-	Pinned     bool     `json:"pinned,omitempty"`
-	Leases     int      `json:"leases"`
-	QueueDepth int      `json:"queue_depth"`
+	Name    string   `json:"name"`
+	Aliases []string `json:"aliases,omitempty"`
+	State   string   `json:"state"`
+	Reason  string   `json:"reason,omitempty"`
+	// StateSince is when the model entered State.
+	StateSince time.Time `json:"state_since,omitzero"`
+	Unit       string    `json:"unit,omitempty"`
+	Port       int       `json:"port,omitempty"`
+	Transport  string    `json:"transport"`
+	Sleep      string    `json:"sleep"`
+	Pinned     bool      `json:"pinned,omitempty"`
+	Leases     int       `json:"leases"`
+	QueueDepth int       `json:"queue_depth"`
 	// IdleSince is set while no lease is live.
 	IdleSince *time.Time `json:"idle_since,omitempty"`
 	// LastWakeMs is the duration of the last successful wake.
