@@ -138,12 +138,15 @@ func TestStatusPage_InChromium(t *testing.T) {
 	if lookErr != nil {
 		t.Skip("chromium is not installed (scripts/test-deps.sh installs it)")
 	}
-	m1, _ := demo(t, "llama", `sleep = "stop"`+"\naliases = [\"fast\"]", "--ttft", "0")
+	// The fake nvidia-smi finds engines by their --model among all the
+	// host's processes: a name of this test's own.
+	llama := "llama" + strconv.Itoa(os.Getpid())
+	m1, _ := demo(t, llama, `sleep = "stop"`+"\naliases = [\"fast\"]", "--ttft", "0")
 	m2, _ := demo(t, "qwen", `sleep = "stop"`, "--ttft", "0")
 	// The planner test's fake nvidia-smi: one 80 GiB GPU on which llama's
 	// engine holds 20 GiB.
 	state := filepath.Join(t.TempDir(), "gpu-state")
-	if err := os.WriteFile(state, []byte("total 81920\nmodel llama 20480\n"), 0o644); err != nil {
+	if err := os.WriteFile(state, []byte("total 81920\nmodel "+llama+" 20480\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	smi, err := filepath.Abs(filepath.Join("..", "planner", "testdata"))
@@ -153,7 +156,7 @@ func TestStatusPage_InChromium(t *testing.T) {
 	n := harness.Start(t, harness.Options{Models: m1 + m2, Env: []string{
 		"PATH=" + smi + ":" + os.Getenv("PATH"), "FAKE_SMI_STATE=" + state}})
 	// Without keys the admin API answers loopback clients.
-	if resp, body := admin(t, ctxFor(t, time.Minute), n, "POST", "/napd/v1/models/llama/wake", ""); resp.StatusCode != 200 || !strings.Contains(string(body), `"done":true`) {
+	if resp, body := admin(t, ctxFor(t, time.Minute), n, "POST", "/napd/v1/models/"+llama+"/wake", ""); resp.StatusCode != 200 || !strings.Contains(string(body), `"done":true`) {
 		t.Fatalf("wake: %d %s", resp.StatusCode, body)
 	}
 	n.WaitLog("gpu probe", 5*time.Second)
@@ -161,7 +164,7 @@ func TestStatusPage_InChromium(t *testing.T) {
 	if fakeGPU {
 		// The planner measures every 2 s.
 		eventually(t, 30*time.Second, "llama's GPU memory measured", func() bool {
-			return modelStatus(t, n, "llama").GPUBytes["0"] > 0
+			return modelStatus(t, n, llama).GPUBytes["0"] > 0
 		})
 	}
 
@@ -194,7 +197,7 @@ func TestStatusPage_InChromium(t *testing.T) {
 	for _, r := range rows {
 		got[r[1]] = r[2]
 	}
-	if got["llama"] != "awake" || got["qwen"] != "sleeping" || len(got) != 2 {
+	if got[llama] != "awake" || got["qwen"] != "sleeping" || len(got) != 2 {
 		t.Errorf("models and states in the rendered page: %v\n%s", got, dom)
 	}
 	for _, want := range []string{"aliases: fast", `class="state s-awake"`, "<h2>GPUs</h2>", "napd"} {
@@ -203,7 +206,9 @@ func TestStatusPage_InChromium(t *testing.T) {
 		}
 	}
 	if fakeGPU {
-		for _, want := range []string{"GPU 0 · Fake GPU", "20.0 GiB used of 80.0 GiB (25%)", `style="width:25.00%" title="llama: 20.0 GiB"`, "GPU 0: 20.0 GiB"} {
+		// Other tests' engines on this host may hold memory on the fake GPU
+		// too: they are "other processes".
+		for _, want := range []string{"GPU 0 · Fake GPU", "used of 80.0 GiB", `style="width:25.00%" title="` + llama + `: 20.0 GiB"`, "GPU 0: 20.0 GiB"} {
 			if !strings.Contains(dom, want) {
 				t.Errorf("rendered page lacks the GPU bar's %q", want)
 			}
