@@ -16,6 +16,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/napd/napd/agent/lease"
@@ -74,6 +75,9 @@ type call struct {
 	bodyErr       error // reading the engine's response body
 	fault         Fault // the engine's side, for the model layer and the log
 	gone          bool  // the client left before the engine answered
+	// uploadErr is why reading a streamed upload failed; set by the
+	// transport's goroutine.
+	uploadErr atomic.Pointer[uploadFailure]
 }
 
 type callKey struct{}
@@ -99,6 +103,10 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 		return
 	}
 	defer cancel()
+	if boundary, ok := isForm(r); ok && fromBody {
+		c.forwardForm(ctx, r, boundary, path, rawPath, key)
+		return
+	}
 	body, ok := c.readBody(ctx, r)
 	if !ok {
 		return
@@ -124,6 +132,16 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 		}
 		c.model, c.requested = model, fields.Model
 	}
+	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
+	c.stream = err == nil && fields.Stream
+	c.path, c.rawPath = path, rawPath
+	c.dispatch(ctx, r, wholeBody(body), key, bytes.NewReader(body))
+}
+
+// dispatch admits and proxies a request whose model, path and stream are
+// known, within its key's concurrency limit. whole is the entire body,
+// for the idempotency key's fingerprint (unused without a key).
+func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key string, whole io.Reader) {
 	if c.scope != nil {
 		if !c.scope.acquire() {
 			c.w.Header().Set("Retry-After", "1")
@@ -133,10 +151,7 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 		}
 		defer c.scope.release()
 	}
-	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
-	c.stream = err == nil && fields.Stream
-	c.path, c.rawPath = path, rawPath
-	c.kind = kindOf(path)
+	c.kind = kindOf(c.path)
 	a := Admission{
 		Model:          c.model,
 		Client:         c.client,
@@ -145,9 +160,9 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 		IdempotencyKey: key,
 	}
 	if key != "" {
-		a.Fingerprint = fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, c.model, body)
+		a.Fingerprint = fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, c.model, whole)
 	}
-	c.admit(ctx, r, body, a)
+	c.admit(ctx, r, up, a)
 }
 
 // MaxIdempotencyKey bounds an Idempotency-Key (bytes), as Stripe does.
@@ -155,13 +170,15 @@ const MaxIdempotencyKey = 255
 
 // fingerprint binds an idempotency key to what it was used for: the same
 // key with another method, path, query, model or body is another request.
-func fingerprint(method, path, query, model string, body []byte) string {
+func fingerprint(method, path, query, model string, body io.Reader) string {
 	h := sha256.New()
 	for _, s := range []string{method, path, query, model} {
 		// Length-prefixed, so no two field lists hash alike.
 		fmt.Fprintf(h, "%d:%s", len(s), s)
 	}
-	h.Write(body)
+	// Reads from memory or the spool's file; a failure there is caught
+	// when the same bytes are sent.
+	_, _ = io.Copy(h, body)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -237,8 +254,29 @@ func (c *call) deadline(r *http.Request) (context.Context, context.CancelFunc, b
 // client_body_timeout). Memory follows the bytes that arrive, never the
 // Content-Length a client announces.
 func (c *call) readBody(ctx context.Context, r *http.Request) ([]byte, bool) {
+	br, ok := c.openBody(ctx, r)
+	if !ok {
+		return nil, false
+	}
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 {
+		buf.Grow(int(min(n, initialBody)))
+	}
+	if _, err := buf.ReadFrom(br); err != nil {
+		if !c.bodyFailed(err, br.idleBound) {
+			c.abort()
+		}
+		return nil, false
+	}
+	br.done()
+	return buf.Bytes(), true
+}
+
+// openBody applies max_body, the deadline and BodyTimeout to the request
+// body. A body announced larger than max_body is answered 413 without
+// reading a byte of it.
+func (c *call) openBody(ctx context.Context, r *http.Request) (*bodyReader, bool) {
 	if limit := c.g.opts.MaxBody; limit > 0 && r.ContentLength > limit {
-		// Announced too large: refuse without reading a byte of it.
 		c.fail(http.StatusRequestEntityTooLarge, "request_too_large",
 			fmt.Sprintf("request body is larger than %d bytes", limit))
 		return nil, false
@@ -250,32 +288,27 @@ func (c *call) readBody(ctx context.Context, r *http.Request) ([]byte, bool) {
 	}
 	br := &bodyReader{src: src, rc: http.NewResponseController(c.w), idle: c.g.opts.BodyTimeout}
 	br.deadline, br.hasDeadline = ctx.Deadline()
-	var buf bytes.Buffer
-	if n := r.ContentLength; n > 0 {
-		buf.Grow(int(min(n, initialBody)))
-	}
-	_, err := buf.ReadFrom(br)
+	return br, true
+}
+
+// bodyFailed answers a failed read of the request body that was too large
+// or too slow (idle: the idle bound, not the request's deadline, ran
+// out). It reports false, answering nothing, for a client that left.
+func (c *call) bodyFailed(err error, idle bool) bool {
 	var tooLarge *http.MaxBytesError
 	switch {
-	case err == nil:
-		// Left in place, a deadline would fire in the server's background
-		// read and look like a client disconnect. On the error paths below
-		// it stays, so net/http's discard of the unread body cannot block
-		// on a stalled client.
-		_ = br.rc.SetReadDeadline(time.Time{})
-		return buf.Bytes(), true
 	case errors.As(err, &tooLarge):
 		c.fail(http.StatusRequestEntityTooLarge, "request_too_large",
 			fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit))
-	case errors.Is(err, os.ErrDeadlineExceeded) && br.idleBound:
+	case errors.Is(err, os.ErrDeadlineExceeded) && idle:
 		c.fail(http.StatusRequestTimeout, "body_timeout",
 			fmt.Sprintf("the request body stalled for %s", c.g.opts.BodyTimeout))
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		c.fail(http.StatusGatewayTimeout, "timeout", "the request body did not arrive within the request deadline")
 	default:
-		c.abort()
+		return false
 	}
-	return nil, false
+	return true
 }
 
 // initialBody is the most a body buffer starts with: enough for most
@@ -305,8 +338,14 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	return b.src.Read(p)
 }
 
+// done lifts the read deadline after the body's last byte. Left in
+// place, it would fire in the server's background read and look like a
+// client disconnect. After a failed read it stays, so net/http's discard
+// of the unread body cannot block on a stalled client.
+func (b *bodyReader) done() { _ = b.rc.SetReadDeadline(time.Time{}) }
+
 // admit asks Models for a slot and then replays or proxies.
-func (c *call) admit(ctx context.Context, r *http.Request, body []byte, a Admission) {
+func (c *call) admit(ctx context.Context, r *http.Request, up upload, a Admission) {
 	asked := c.g.now()
 	var t *Ticket
 	var err error
@@ -327,7 +366,7 @@ func (c *call) admit(ctx context.Context, r *http.Request, body []byte, a Admiss
 		c.replay(t)
 		return
 	}
-	c.proxy(ctx, r, body, t, a.IdempotencyKey != "")
+	c.proxy(ctx, r, up, t, a.IdempotencyKey != "")
 }
 
 func wantsProgress(p Progress, model string) bool {
@@ -401,15 +440,9 @@ func (c *call) replay(t *Ticket) {
 
 // proxy forwards to the ticket's engine and calls Done once, after the
 // last byte (or on the way out of an abort).
-func (c *call) proxy(ctx context.Context, r *http.Request, body []byte, t *Ticket, capture bool) {
+func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket, capture bool) {
 	c.ticket = t
 	c.w.capture = capture
-	if t.ServedName != "" && c.requested != "" {
-		c.served = t.ServedName
-		if !c.byQuery {
-			body = setModel(body, c.served)
-		}
-	}
 	complete := false
 	defer func() {
 		c.cancelled = !complete
@@ -423,17 +456,42 @@ func (c *call) proxy(ctx context.Context, r *http.Request, body []byte, t *Ticke
 		}
 		t.Done(out)
 	}()
+	served := ""
+	if t.ServedName != "" && c.requested != "" {
+		c.served = t.ServedName
+		if !c.byQuery {
+			served = c.served
+		}
+	}
 	out := r.WithContext(context.WithValue(ctx, callKey{}, c))
-	out.Body = io.NopCloser(bytes.NewReader(body))
-	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
-	// Lets the transport retry a request that never reached a stale connection.
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	up.attach(out, served)
 	c.g.proxy.ServeHTTP(c.w, out)
 	if c.gone {
 		c.abort()
 	}
 	complete = c.proxyErr == nil && c.bodyErr == nil && c.w.err == nil
+}
+
+// upload is a request body on its way to the engine.
+type upload interface {
+	// attach makes it out's body, with its model replaced by served
+	// when served is not "".
+	attach(out *http.Request, served string)
+}
+
+// wholeBody is a body read whole: the JSON routes and pass-through.
+type wholeBody []byte
+
+func (b wholeBody) attach(out *http.Request, served string) {
+	body := []byte(b)
+	if served != "" {
+		body = setModel(body, served)
+	}
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.ContentLength = int64(len(body))
+	// Lets the transport retry a request that never reached a stale connection.
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 
 // abort ends a request whose client left (or whose server is shutting

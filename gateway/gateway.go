@@ -63,6 +63,10 @@ type Options struct {
 	// ProgressAfter and ProgressEvery time the wake progress of models
 	// that offer it (see Progress); 0 means the defaults.
 	ProgressAfter, ProgressEvery time.Duration
+	// SpoolDir holds the part of a multipart upload read before its model
+	// field, beyond what is kept in memory, in unnamed files; "" means
+	// os.TempDir() (private to napd under its unit's PrivateTmp=).
+	SpoolDir string
 }
 
 // Route is a path outside /v1 the gateway routes to a model.
@@ -118,6 +122,9 @@ type Gateway struct {
 	routes  map[string]Route // by path
 	origins map[string]bool  // CORSOrigins
 	rules   pathRules
+	// spooled, when set (by tests), learns how much of each form's head
+	// was held in memory and on disk.
+	spooled func(inMemory int, onDisk int64)
 }
 
 // New builds a Gateway that asks models for every admission.

@@ -76,6 +76,16 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 		ErrorHandler: func(_ http.ResponseWriter, r *http.Request, err error) {
 			c := callOf(r.Context())
 			c.proxyErr = err
+			if up := c.uploadErr.Load(); up != nil {
+				// The rest of a streamed upload failed: too large, too
+				// slow, or the client left. The transport returns only
+				// after its body reader stopped, so a failed read is
+				// known here; and it tells the cause apart where the
+				// context cannot (a read deadline on the client's
+				// connection also cancels the request's context).
+				c.gone = !c.bodyFailed(up.err, up.idle)
+				return
+			}
 			// Only the request's own deadline is a 504: a connect timeout
 			// (net's timeout error also reads as DeadlineExceeded) is the
 			// engine's fault.
