@@ -27,6 +27,7 @@ import (
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
@@ -77,7 +78,6 @@ type Agent struct {
 	gw      atomic.Pointer[gateway.Gateway]
 
 	tracker     *lease.Tracker
-	backend     supervisor.Backend
 	sup         *supervisor.Supervisor
 	gpu         gpu.Probe
 	host        host.Probe
@@ -141,20 +141,22 @@ func Run(ctx context.Context, opts Options) error {
 	if a.ports, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "ports.json")); err != nil {
 		return err
 	}
-	if a.backend, err = a.openBackend(runCtx, cfg); err != nil {
+	backend, err := a.openBackend(runCtx, cfg)
+	if err != nil {
 		return err
 	}
-	a.sup = supervisor.New(a.backend, supervisor.Options{Logger: log, Ports: foreignListeners})
+	a.sup = supervisor.New(backend, supervisor.Options{Logger: log, Ports: foreignListeners})
 	var closeGPU func() error
 	a.gpu, closeGPU = gpu.Open(runCtx, log)
 	defer closeGPU()
 	a.host = &host.Reader{}
 	a.scraper = &enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}
 
-	reg, err := a.buildRegistry(cfg, nil)
+	plan, err := a.planRegistry(cfg, nil)
 	if err != nil {
 		return err
 	}
+	reg := a.applyRegistry(plan, nil)
 	a.reg.Store(reg)
 	a.reconcile(runCtx, reg.list)
 
@@ -179,7 +181,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	a.notify.ready()
 	a.kickStatus()
-	log.Info("napd ready", "supervisor", a.backend.Name())
+	log.Info("napd ready", "supervisor", a.sup.Name())
 	for {
 		select {
 		case <-hup:
@@ -234,42 +236,35 @@ func (a *Agent) closeSupervisor() {
 	}
 }
 
-// stopModels ends every model loop.
+// stopModels ends every model loop (each closes its engine links).
 func (a *Agent) stopModels() {
 	for _, m := range a.reg.Load().list {
-		m.shutdown()
+		m.Shutdown()
 	}
 	a.loops.Wait()
-	for _, m := range a.reg.Load().list {
-		closeTransport(m.tr)
-		closeTransport(m.nextTr)
-	}
 }
 
 // reconcile asks the supervisor what each engine is doing and tells the
-// models; on systemd, units of models no longer configured are stopped.
-func (a *Agent) reconcile(ctx context.Context, models []*model) {
+// models; engines of models no longer configured that the backend finds
+// (systemd units outlive napd) are stopped.
+func (a *Agent) reconcile(ctx context.Context, models []*model.Model) {
 	var wg sync.WaitGroup
+	keep := make([]string, 0, len(models))
 	for _, m := range models {
+		keep = append(keep, m.Name())
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m.observe(ctx)
+			m.Observe(ctx)
 		}()
 	}
 	wg.Wait()
-	if sd, ok := a.backend.(*systemd.Backend); ok {
-		keep := make([]string, 0, len(models))
-		for _, m := range models {
-			keep = append(keep, m.name)
-		}
-		stopped, err := sd.StopUnknown(ctx, keep)
-		if err != nil {
-			a.log.Warn("stopping engine units of removed models", "err", err)
-		}
-		for _, name := range stopped {
-			a.log.Info("stopped engine unit of a model no longer configured", "model", name)
-		}
+	stopped, err := a.sup.StopUnknown(ctx, keep)
+	if err != nil {
+		a.log.Warn("stopping engine units of removed models", "err", err)
+	}
+	for _, name := range stopped {
+		a.log.Info("stopped engine unit of a model no longer configured", "model", name)
 	}
 }
 
@@ -299,9 +294,11 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := a.setGateway(cfg); err != nil {
+	gw, err := a.newGateway(cfg)
+	if err != nil {
 		return nil, err
 	}
+	a.setGateway(gw)
 	s := &servers{inherits: activated}
 	newServer := func(h http.Handler) *http.Server {
 		return &http.Server{
@@ -405,22 +402,21 @@ func (s *servers) shutdown(grace time.Duration) {
 	wg.Wait()
 }
 
-// setGateway builds the gateway for cfg and swaps it in; requests already
-// running keep the one they started with.
-func (a *Agent) setGateway(cfg *config.Config) error {
+// newGateway builds the gateway for cfg (its API keys read) without
+// touching the running one.
+func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 	var keys *gateway.APIKeys
 	if cfg.Gateway.APIKeysFile != "" {
 		var err error
 		if keys, err = gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	prev := a.gw.Load()
-	if prev != nil && keys != nil {
+	if prev := a.gw.Load(); prev != nil && keys != nil {
 		// A key's requests in flight still count against its limit.
 		keys.Inherit(prev.APIKeys())
 	}
-	gw := gateway.New(gateway.Options{
+	return gateway.New(gateway.Options{
 		MaxBody:        cfg.Gateway.MaxBody,
 		RequestTimeout: cfg.Gateway.RequestTimeout,
 		WriteTimeout:   cfg.Gateway.WriteTimeout,
@@ -433,14 +429,19 @@ func (a *Agent) setGateway(cfg *config.Config) error {
 		Logger:         a.log,
 		Observe:        a.metrics.Request,
 		Admin:          a.adminHandler(),
-	}, (*gatewayModels)(a))
+	}, (*gatewayModels)(a)), nil
+}
+
+// setGateway swaps gw in; requests already running keep the one they
+// started with.
+func (a *Agent) setGateway(gw *gateway.Gateway) {
+	prev := a.gw.Load()
 	h := gw.Handler()
 	a.handler.Store(&h)
 	a.gw.Store(gw)
 	if prev != nil {
-		a.forgetClients(prev.APIKeys(), keys)
+		a.forgetClients(prev.APIKeys(), gw.APIKeys())
 	}
-	return nil
 }
 
 func gatewayRoutes(rs []config.Route) []gateway.Route {
@@ -501,7 +502,7 @@ func (a *Agent) ticker(ctx context.Context) {
 			return
 		case now := <-tick.C:
 			for _, m := range a.reg.Load().list {
-				m.do(m.tick)
+				m.Tick()
 			}
 			if now.Sub(lastPlan) >= planEvery {
 				lastPlan = now
@@ -521,8 +522,7 @@ func (a *Agent) pumpEngineEvents() {
 			continue
 		}
 		if ev.State == supervisor.ProcFailed || ev.State == supervisor.ProcStopped {
-			reason, at := ev.Reason, ev.Time
-			m.do(func() { m.engineExited(reason, at) })
+			m.EngineExited(ev.Reason, ev.Time)
 		}
 	}
 }
@@ -530,16 +530,11 @@ func (a *Agent) pumpEngineEvents() {
 // healthy is the watchdog's check: every model's owner loop answers. A
 // wedged loop stops the pings, and systemd restarts napd.
 func (a *Agent) healthy() error {
-	deadline := time.After(5 * time.Second)
+	ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
+	defer cancel()
 	for _, m := range a.reg.Load().list {
-		done := make(chan struct{})
-		if !m.do(func() { close(done) }) {
-			continue // removed by a reload meanwhile
-		}
-		select {
-		case <-done:
-		case <-deadline:
-			return fmt.Errorf("model %s: owner loop does not answer", m.name)
+		if err := m.Ping(ctx); err != nil {
+			return fmt.Errorf("model %s: owner loop does not answer", m.Name())
 		}
 	}
 	return nil
@@ -552,8 +547,6 @@ func (a *Agent) kickStatus() {
 	default:
 	}
 }
-
-func (a *Agent) statusChanged() { a.kickStatus() }
 
 // statusLoop keeps systemd's STATUS= line current, at most a few times a
 // second.
@@ -586,7 +579,7 @@ func (a *Agent) statusLine() string {
 	states := make(map[string]int)
 	reg := a.reg.Load()
 	for _, m := range reg.list {
-		states[m.snap.Load().lc.State.String()]++
+		states[m.Snapshot().Lifecycle.State.String()]++
 	}
 	return statusLine(states, len(reg.list), a.tracker.Stats().Live)
 }

@@ -6,20 +6,17 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lease"
-	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
-	"github.com/napd/napd/supervisor/process"
-	"github.com/napd/napd/supervisor/systemd"
 )
 
 // The Agent is the control API's Controller.
 var _ control.Controller = (*Agent)(nil)
 
-func (a *Agent) model(name string) (*model, error) {
+func (a *Agent) model(name string) (*model.Model, error) {
 	m, ok := a.reg.Load().resolve(name)
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", control.ErrNotFound, name)
@@ -30,7 +27,7 @@ func (a *Agent) model(name string) (*model, error) {
 // Status implements control.Controller.
 func (a *Agent) Status() control.Status {
 	cfg := a.cfg.Load()
-	st := control.Status{Version: a.opts.Version, Supervisor: a.backend.Name(), Config: cfg.Path, Started: a.started}
+	st := control.Status{Version: a.opts.Version, Supervisor: a.sup.Name(), Config: cfg.Path, Started: a.started}
 	ms := a.measured.Load()
 	if ms != nil {
 		if ms.haveMem {
@@ -45,23 +42,21 @@ func (a *Agent) Status() control.Status {
 		}
 	}
 	for _, m := range a.reg.Load().list {
-		s := m.snap.Load()
-		ev, _ := a.tracker.Evidence(m.name)
+		s := m.Snapshot()
+		ev, _ := a.tracker.Evidence(m.Name())
 		row := control.ModelStatus{
-			Name: m.name, Aliases: s.cfg.Aliases, State: s.lc.State.String(), Reason: s.lc.Reason, StateSince: s.lc.Since,
-			Port: s.spec.Port, Transport: s.cfg.Transport, Sleep: s.cfg.Sleep, Pinned: s.cfg.Pinned,
-			Leases: ev.Active, QueueDepth: s.queueDepth, LastWakeMs: s.lc.LastWake.Milliseconds(),
-			Attempts: s.lc.Attempts, Footprint: a.footprint(s.cfg),
-		}
-		if a.backend.Name() == config.SupervisorSystemd {
-			row.Unit = s.spec.UnitName()
+			Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: s.Lifecycle.Reason,
+			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: s.Config.Transport, Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
+			Leases: ev.Active, QueueDepth: s.QueueDepth, LastWakeMs: s.Lifecycle.LastWake.Milliseconds(),
+			Attempts: s.Lifecycle.Attempts, Footprint: a.footprint(s.Config),
+			Unit: a.sup.UnitName(s.Spec),
 		}
 		if ev.Active == 0 && !ev.Since.IsZero() {
 			since := ev.Since
 			row.IdleSince = &since
 		}
 		if ms != nil {
-			if mm, ok := ms.models[m.name]; ok {
+			if mm, ok := ms.models[m.Name()]; ok {
 				if mm.proc.HaveMemory {
 					b := mm.proc.MemoryBytes
 					row.EngineBytes = &b
@@ -82,12 +77,12 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 	if err != nil {
 		return err
 	}
-	progress(m.snap.Load().lc.State.String())
+	progress(m.Snapshot().Lifecycle.State.String())
 	events, cancel := a.hub.subscribe()
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		t, err := m.admit(ctx, gateway.Admission{Model: m.name, Client: "napctl", Kind: lease.KindOther})
+		t, err := m.Admit(ctx, gateway.Admission{Model: m.Name(), Client: "napctl", Kind: lease.KindOther})
 		if err == nil {
 			t.Done(gateway.Outcome{})
 		}
@@ -102,7 +97,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 			}
 			return err
 		case e := <-events:
-			if e.Model == m.name && e.Kind == "state" {
+			if e.Model == m.Name() && e.Kind == "state" {
 				progress(e.To)
 			}
 		}
@@ -110,51 +105,14 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 }
 
 // Sleep implements control.Controller. An operator sleep drains live
-// leases first; "" means the model's own strategy.
+// leases first; "" means the model's own strategy. The outcome is the
+// sleep's own result, not read off the event stream (which may drop).
 func (a *Agent) Sleep(ctx context.Context, name, strategy string) error {
 	m, err := a.model(name)
 	if err != nil {
 		return err
 	}
-	if strategy == "" {
-		strategy = m.snap.Load().cfg.Sleep
-	}
-	switch strategy {
-	case config.SleepStop, config.SleepVLLML1, config.SleepVLLML2, config.SleepSGLang:
-	case config.SleepNone:
-		return fmt.Errorf("sleep %s: strategy %q never puts a model to sleep", name, strategy)
-	default:
-		return fmt.Errorf("sleep %s: unknown strategy %q", name, strategy)
-	}
-	events, cancel := a.hub.subscribe()
-	defer cancel()
-	var d lifecycle.Decision
-	m.call(func() {
-		d = m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.EngineNoEvidence)
-	})
-	if d.Action == lifecycle.Declined {
-		return fmt.Errorf("sleep %s: %s", name, d.Reason)
-	}
-	if m.snap.Load().lc.State == lifecycle.Sleeping {
-		return nil
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e := <-events:
-			if e.Model != m.name || e.Kind != "state" {
-				continue
-			}
-			switch e.To {
-			case lifecycle.Sleeping.String():
-				return nil
-			case lifecycle.Draining.String(), lifecycle.Waking.String():
-			default:
-				return fmt.Errorf("sleep %s: %s", name, e.Reason)
-			}
-		}
-	}
+	return m.Sleep(ctx, strategy)
 }
 
 // Reset implements control.Controller.
@@ -163,11 +121,7 @@ func (a *Agent) Reset(name string) error {
 	if err != nil {
 		return err
 	}
-	m.call(func() {
-		m.machine.Reset(m.now())
-		m.noteState()
-		m.publish()
-	})
+	m.Reset()
 	return nil
 }
 
@@ -179,13 +133,7 @@ func (a *Agent) Logs(name string, lines int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch b := a.backend.(type) {
-	case *process.Backend:
-		return b.Tail(m.name, lines)
-	case *systemd.Backend:
-		return nil, fmt.Errorf("the output of %s is in the journal: journalctl -u %s", m.name, m.snap.Load().spec.UnitName())
-	}
-	return nil, fmt.Errorf("the %s backend keeps no engine output", a.backend.Name())
+	return a.sup.Logs(m.Snapshot().Spec, lines)
 }
 
 // Subscribe implements control.Controller.

@@ -7,7 +7,6 @@ import (
 
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agentcheck"
-	"github.com/napd/napd/gateway"
 )
 
 // startAgentCheck serves HAProxy's agent check on addr (agent
@@ -34,13 +33,13 @@ func (a *Agent) agentCheckStatus(name string) (agentcheck.Status, bool) {
 	if !ok {
 		return agentcheck.Status{}, false
 	}
-	s := m.snap.Load()
-	health := balancerHealth(s.lc)
-	state := s.lc.State.String()
-	if s.lc.RoomWait {
+	s := m.Snapshot()
+	health := balancerHealth(s.Lifecycle)
+	state := s.Lifecycle.State.String()
+	if s.Lifecycle.RoomWait {
 		state = "waiting for room"
 	}
-	return agentcheck.Status{Health: health, State: state, QueueDepth: s.queueDepth}, true
+	return agentcheck.Status{Health: health, State: state, QueueDepth: s.QueueDepth}, true
 }
 
 // balancerHealth is the one place that decides what a balancer is told
@@ -64,11 +63,3 @@ func balancerHealth(lc lifecycle.Snapshot) agentcheck.Health {
 	}
 	return agentcheck.Failed
 }
-
-// RefusesBeforeWork marks a ZMQ worker's transport as a
-// gateway.RefusingTransport: by the engine contract, its "no room" 503 is
-// sent before the worker starts on the request, so the gateway passes it on
-// as 503 (which a balancer may retry on another host).
-func (*zmqEngine) RefusesBeforeWork() {}
-
-var _ gateway.RefusingTransport = (*zmqEngine)(nil)

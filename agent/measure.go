@@ -13,6 +13,7 @@ import (
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/probes/enginemetrics"
@@ -121,24 +122,24 @@ func (a *Agent) measure(ctx context.Context) *measurement {
 	var wg sync.WaitGroup
 	pids := make(map[string][]int)
 	for _, m := range a.reg.Load().list {
-		s := m.snap.Load()
+		s := m.Snapshot()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var mm modelMeasure
-			if st, err := a.backend.Status(ctx, s.spec); err == nil {
+			if st, err := a.sup.Status(ctx, s.Spec); err == nil {
 				mm.proc = st
 			}
 			switch {
-			case !s.lc.State.Serving():
-			case s.cfg.Transport == config.TransportZMQ:
+			case !s.Lifecycle.State.Serving():
+			case s.Config.Transport == config.TransportZMQ:
 				mm.engine = zmqEvidence
 			default:
-				mm.engine, _ = a.scraper.Scrape(ctx, s.spec.BaseURL(), s.cfg.ActivityMetrics)
+				mm.engine, _ = a.scraper.Scrape(ctx, s.Spec.BaseURL(), s.Config.ActivityMetrics)
 			}
 			mu.Lock()
-			ms.models[m.name] = mm
-			pids[m.name] = mm.proc.PIDs
+			ms.models[m.Name()] = mm
+			pids[m.Name()] = mm.proc.PIDs
 			mu.Unlock()
 		}()
 	}
@@ -167,24 +168,24 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 		}
 	}
 	for _, m := range a.reg.Load().list {
-		s := m.snap.Load()
-		mm := ms.models[m.name]
-		ev, _ := a.tracker.Evidence(m.name)
+		s := m.Snapshot()
+		mm := ms.models[m.Name()]
+		ev, _ := a.tracker.Evidence(m.Name())
 		idleSince := ev.Since
-		if awakeAt := s.lc.Since; s.lc.State.Serving() && awakeAt.After(idleSince) {
+		if awakeAt := s.Lifecycle.Since; s.Lifecycle.State.Serving() && awakeAt.After(idleSince) {
 			idleSince = awakeAt // a wake counts as use: no flapping
 		}
 		pm := planner.Model{
-			Name: m.name, State: s.lc.State.String(), Pinned: s.cfg.Pinned, Sleep: s.cfg.Sleep,
-			GPUs: s.cfg.GPUs, Footprint: a.footprint(s.cfg), IdleTimeout: s.cfg.IdleTimeout,
-			IdleMinimum:    policyOf(s.cfg).IdleMinimum,
+			Name: m.Name(), State: s.Lifecycle.State.String(), Pinned: s.Config.Pinned, Sleep: s.Config.Sleep,
+			GPUs: s.Config.GPUs, Footprint: a.footprint(s.Config), IdleTimeout: s.Config.IdleTimeout,
+			IdleMinimum:    model.PolicyOf(s.Config).IdleMinimum,
 			Leases:         planner.Leases{Active: ev.Active, IdleSince: idleSince},
 			Engine:         plannerEngine(mm.engine),
-			AllowUntracked: s.cfg.AllowUntrackedUnload,
-			LastUsed:       s.lastUsed,
+			AllowUntracked: s.Config.AllowUntrackedUnload,
+			LastUsed:       s.LastUsed,
 			GPUBytes:       mm.gpuBytes,
 		}
-		if s.lc.State == lifecycle.Unsupported {
+		if s.Lifecycle.State == lifecycle.Unsupported {
 			pm.State = planner.StateAwake // serving; the machine re-checks the proof
 		}
 		if mm.proc.HaveMemory {
@@ -277,7 +278,7 @@ func (a *Agent) act(in planner.Input, decisions []planner.Decision) {
 		a.publishEvent(controlDecision(d))
 		req := lifecycle.SleepRequest{Reason: reason, Strategy: d.Strategy, Cause: string(d.Reason)}
 		act := lifecycleEngine(engines[d.Model])
-		m.do(func() { m.requestSleep(req, act) })
+		m.RequestSleep(req, act)
 	}
 }
 
@@ -340,11 +341,11 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 	ms := a.measured.Load()
 	snap := metrics.Snapshot{HostAvailable: -1}
 	for _, m := range a.reg.Load().list {
-		s := m.snap.Load()
-		ev, _ := a.tracker.Evidence(m.name)
-		mm := metrics.Model{Name: m.name, State: s.lc.State.String(), QueueDepth: s.queueDepth, Leases: ev.Active, EngineBytes: -1}
+		s := m.Snapshot()
+		ev, _ := a.tracker.Evidence(m.Name())
+		mm := metrics.Model{Name: m.Name(), State: s.Lifecycle.State.String(), QueueDepth: s.QueueDepth, Leases: ev.Active, EngineBytes: -1}
 		if ms != nil {
-			if me, ok := ms.models[m.name]; ok {
+			if me, ok := ms.models[m.Name()]; ok {
 				if me.proc.HaveMemory {
 					mm.EngineBytes = me.proc.MemoryBytes
 				}

@@ -3,18 +3,16 @@ package agent
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/user"
-	"reflect"
 	"slices"
 	"time"
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
-	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
 )
@@ -22,12 +20,12 @@ import (
 // registry is the set of models of one config generation. It is replaced
 // whole on reload (copy-on-write) and read lock-free by the gateway.
 type registry struct {
-	list    []*model
-	byName  map[string]*model
+	list    []*model.Model
+	byName  map[string]*model.Model
 	aliases map[string]string
 }
 
-func (r *registry) resolve(name string) (*model, bool) {
+func (r *registry) resolve(name string) (*model.Model, bool) {
 	if m, ok := r.byName[name]; ok {
 		return m, true
 	}
@@ -37,40 +35,58 @@ func (r *registry) resolve(name string) (*model, bool) {
 	return nil, false
 }
 
-// buildRegistry makes the registry for cfg. Models present in old with an
-// unchanged engine spec keep their loop (and engine); changed ones are
-// reconfigured; new ones get a loop.
-func (a *Agent) buildRegistry(cfg *config.Config, old *registry) (*registry, error) {
-	r := &registry{byName: make(map[string]*model), aliases: make(map[string]string)}
-	prevOf := func(name string) *model {
-		if old == nil {
-			return nil
+// registryPlan is what a config generation's registry needs, computed
+// before anything changes: the engine spec of every model, and the ports
+// napd allocated for it to remember once the plan is applied.
+type registryPlan struct {
+	cfg      *config.Config
+	specs    []supervisor.Spec
+	allocate map[string]int // model -> newly allocated port
+}
+
+// planRegistry computes the registry of cfg next to old (nil at start).
+// It changes nothing: a failure leaves the running models untouched.
+func (a *Agent) planRegistry(cfg *config.Config, old *registry) (*registryPlan, error) {
+	p := &registryPlan{cfg: cfg, allocate: make(map[string]int)}
+	for _, mc := range cfg.Models {
+		var prev *model.Model
+		if old != nil {
+			prev = old.byName[mc.Name]
 		}
-		return old.byName[name]
-	}
-	// Ports first: the only step that can fail, so a failure leaves the
-	// running models untouched and starts no loop.
-	ports := make([]int, len(cfg.Models))
-	for i, mc := range cfg.Models {
-		p, err := a.portFor(mc, prevOf(mc.Name))
+		port, fresh, err := a.portFor(mc, prev)
 		if err != nil {
 			return nil, err
 		}
-		ports[i] = p
+		if fresh {
+			p.allocate[mc.Name] = port
+		}
+		p.specs = append(p.specs, specOf(mc, port))
 	}
-	now := a.clock()
-	for i, mc := range cfg.Models {
-		prev := prevOf(mc.Name)
-		spec := specOf(mc, ports[i])
-		var m *model
-		if prev != nil {
-			m = prev
-			m.call(func() { m.reconfigure(mc, spec, now) })
+	return p, nil
+}
+
+// applyRegistry makes the registry of a plan. Models present in old keep
+// their loop (and engine) and are reconfigured; new ones get a loop, whose
+// engine the caller observes.
+func (a *Agent) applyRegistry(p *registryPlan, old *registry) *registry {
+	for name, port := range p.allocate {
+		if err := a.ports.Remember(name, int64(port)); err != nil {
+			a.log.Warn("remembering the allocated port", "model", name, "err", err)
+		}
+	}
+	r := &registry{byName: make(map[string]*model.Model), aliases: make(map[string]string)}
+	for i, mc := range p.cfg.Models {
+		spec := p.specs[i]
+		var m *model.Model
+		if old != nil {
+			m = old.byName[mc.Name]
+		}
+		if m != nil {
+			m.Reconfigure(mc, spec)
 		} else {
-			m = newModel(a, mc, spec, a.transportFor(mc, spec), now)
-			a.tracker.Register(mc.Name, now)
+			m = model.New(a.modelDeps(), mc, spec)
 			a.loops.Add(1)
-			go func() { defer a.loops.Done(); m.run() }()
+			go func() { defer a.loops.Done(); m.Run() }()
 		}
 		r.list = append(r.list, m)
 		r.byName[mc.Name] = m
@@ -78,31 +94,45 @@ func (a *Agent) buildRegistry(cfg *config.Config, old *registry) (*registry, err
 			r.aliases[al] = mc.Name
 		}
 	}
-	return r, nil
+	return r
+}
+
+// modelDeps is what a model's loop gets from the agent.
+func (a *Agent) modelDeps() model.Deps {
+	return model.Deps{
+		Tracker:       a.tracker,
+		Supervisor:    a.sup,
+		Metrics:       a.metrics,
+		Emit:          a.hub.publish,
+		StatusChanged: a.kickStatus,
+		Clock:         a.clock,
+		MakeRoom:      a.makeRoom,
+		Log:           a.log,
+		Ctx:           a.ctx,
+	}
 }
 
 // portFor is the port of a model's engine: the configured one, else the one
 // napd allocated before — by an earlier config generation, or by an earlier
 // napd whose engine unit still runs and is about to be adopted (remembered
-// in state_dir) — else a free one, remembered for next time.
-func (a *Agent) portFor(mc *config.Model, prev *model) (int, error) {
+// in state_dir) — else a free one (fresh: to be remembered).
+func (a *Agent) portFor(mc *config.Model, prev *model.Model) (port int, fresh bool, err error) {
 	if mc.Port != 0 {
-		return mc.Port, nil
+		return mc.Port, false, nil
 	}
-	if prev != nil && prev.cfg.Port == 0 {
-		return prev.spec.Port, nil
+	if prev != nil {
+		if s := prev.Snapshot(); s.Config.Port == 0 {
+			return s.Spec.Port, false, nil
+		}
 	}
 	if p, ok := a.ports.Get(mc.Name); ok {
-		return int(p), nil
+		return int(p), false, nil
 	}
 	p, err := config.FreePort()
 	if err != nil {
-		return 0, fmt.Errorf("model %s: allocate a port: %w", mc.Name, err)
+		return 0, false, fmt.Errorf("model %s: allocate a port: %w", mc.Name, err)
 	}
-	if err := a.ports.Remember(mc.Name, int64(p)); err != nil {
-		a.log.Warn("remembering the allocated port", "model", mc.Name, "err", err)
-	}
-	return p, nil
+	return p, true, nil
 }
 
 // specOf builds the supervisor's spec for a model on port.
@@ -145,135 +175,62 @@ func engineUser(configured string) string {
 	return ""
 }
 
-// transportFor is the round tripper requests to the model's engine use: one
-// tuned transport per engine on loopback, or the connection to a ZMQ worker.
-func (a *Agent) transportFor(mc *config.Model, _ supervisor.Spec) http.RoundTripper {
-	if mc.Transport == config.TransportZMQ {
-		return a.newZMQEngine(mc)
-	}
-	return &http.Transport{
-		Proxy:                 nil, // loopback: never through a proxy
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 0, // the request's deadline governs
-		ForceAttemptHTTP2:     false,
-	}
-}
-
-// reconfigure applies a reloaded config to a model that stays. Policy
-// changes apply at once; an engine spec change restarts the engine once
-// the model is idle, so no request is cut.
-func (m *model) reconfigure(mc *config.Model, spec supervisor.Spec, now time.Time) {
-	specChanged := !reflect.DeepEqual(spec, m.spec)
-	if mc.Transport != m.cfg.Transport || mc.Address != m.cfg.Address {
-		// The running engine keeps its transport until it is restarted.
-		closeTransport(m.nextTr)
-		m.nextTr = m.a.transportFor(mc, spec)
-		specChanged = true
-	}
-	m.cfg = mc
-	m.machine.Reload(now, policyOf(mc))
-	if specChanged {
-		m.spec = spec
-		m.restart = true
-		m.log.Info("engine settings changed: the engine restarts once idle")
-		m.afterIdle()
-	}
-	m.dispatch() // max_concurrency may have grown
-	m.publish()
-}
-
-// retire marks a model removed by a reload: its engine is stopped once its
-// last lease ends, then its loop ends.
-func (m *model) retire() {
-	m.retiring = true
-	for _, q := range m.queue {
-		q.reply <- grant{err: m.removed()}
-	}
-	m.queue = nil
-	m.afterIdle()
-	m.publish()
-}
-
-// retired is called once a removed model's engine is stopped.
-func (a *Agent) retired(m *model) {
-	a.metrics.Forget(m.name)
-	closeTransport(m.tr)
-	closeTransport(m.nextTr)
-	m.log.Info("model removed")
-	m.shutdown()
-}
-
-// observe reconciles one model from what the supervisor finds.
-func (m *model) observe(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	obs, err := m.a.sup.Observe(ctx, m.spec)
-	report := lifecycle.ReportNoAnswer
-	switch {
-	case err != nil:
-		m.log.Warn("cannot observe engine", "err", err)
-	case obs.State == supervisor.Awake:
-		report = lifecycle.ReportServing
-	case obs.State == supervisor.Asleep || obs.State == supervisor.Stopped:
-		report = lifecycle.ReportAsleep
-	}
-	m.call(func() {
-		m.machine.Reconcile(m.now(), report)
-		m.noteState()
-		m.publish()
-	})
-	m.log.Info("reconciled", "found", obs.State.String(), "reason", obs.Reason)
-}
-
-// Reload re-reads the config file. An invalid file is refused and the
-// running config stays; otherwise models are added, removed (stopped after
-// their leases end) or changed, and no request is dropped.
+// Reload re-reads the config file. Everything the new config needs (log
+// level, gateway settings and API keys, ports, engine specs) is built
+// first; a config that fails any step is refused and changes nothing.
+// Otherwise models are added, removed (stopped after their leases end) or
+// changed, and no request is dropped.
 func (a *Agent) Reload() error {
 	a.regMu.Lock()
 	defer a.regMu.Unlock()
 	a.notify.reloading()
 	defer a.notify.ready()
 	old := a.cfg.Load()
-	cfg, err := config.Load(old.Path)
-	if err != nil {
+	refuse := func(err error) error {
 		a.metrics.Reloads.WithLabelValues("invalid").Inc()
 		a.log.Error("config reload refused", "config", old.Path, "err", err)
 		return err
 	}
-	if lvl, err := logging.ParseLevel(cfg.Agent.LogLevel); err == nil {
-		a.level.Set(lvl)
+	cfg, err := config.Load(old.Path)
+	if err != nil {
+		return refuse(err)
 	}
+	lvl, err := logging.ParseLevel(cfg.Agent.LogLevel)
+	if err != nil {
+		return refuse(err)
+	}
+	gw, err := a.newGateway(cfg)
+	if err != nil {
+		return refuse(err)
+	}
+	oldReg := a.reg.Load()
+	plan, err := a.planRegistry(cfg, oldReg)
+	if err != nil {
+		return refuse(err)
+	}
+
+	// Nothing below fails.
+	a.level.Set(lvl)
 	if restartOnly := restartOnlyChanges(old, cfg); len(restartOnly) > 0 {
 		a.log.Warn("config changes that take effect only at restart", "keys", restartOnly)
 	}
-	if err := a.setGateway(cfg); err != nil {
-		a.metrics.Reloads.WithLabelValues("invalid").Inc()
-		return err
-	}
-	oldReg := a.reg.Load()
-	reg, err := a.buildRegistry(cfg, oldReg)
-	if err != nil {
-		a.metrics.Reloads.WithLabelValues("invalid").Inc()
-		return err
-	}
-	var added []*model
+	a.setGateway(gw)
+	reg := a.applyRegistry(plan, oldReg)
+	var added []*model.Model
 	for _, m := range reg.list {
-		if oldReg.byName[m.name] == nil {
+		if oldReg.byName[m.Name()] == nil {
 			added = append(added, m)
 		}
 	}
 	a.cfg.Store(cfg)
 	a.reg.Store(reg)
 	for _, m := range oldReg.list {
-		if reg.byName[m.name] == nil {
-			m.do(m.retire)
+		if reg.byName[m.Name()] == nil {
+			m.Retire()
 		}
 	}
 	for _, m := range added {
-		go m.observe(a.ctx)
+		go m.Observe(a.ctx)
 	}
 	a.metrics.Reloads.WithLabelValues("ok").Inc()
 	a.log.Info("config reloaded", "config", cfg.Path, "models", len(reg.list), "added", len(added))
@@ -336,7 +293,7 @@ func (g *gatewayModels) Resolve(name string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	return m.name, true
+	return m.Name(), true
 }
 
 // List implements gateway.Models.
@@ -344,9 +301,9 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	reg := g.agent().reg.Load()
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
-		s := m.snap.Load()
-		out = append(out, gateway.ModelInfo{Name: m.name, Aliases: s.cfg.Aliases, State: s.lc.State.String(), Reason: s.lc.Reason,
-			Serving: s.lc.State.Serving()})
+		s := m.Snapshot()
+		out = append(out, gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: s.Lifecycle.Reason,
+			Serving: s.Lifecycle.State.Serving()})
 	}
 	return out
 }
@@ -358,11 +315,7 @@ func (g *gatewayModels) Admit(ctx context.Context, a gateway.Admission) (*gatewa
 		return nil, &gateway.Refusal{Status: http.StatusNotFound, Code: "model_not_found",
 			Message: fmt.Sprintf("model %q does not exist", a.Model)}
 	}
-	t, err := m.admit(ctx, a)
-	if t != nil && t.Target != nil {
-		t.ServedName = m.snap.Load().cfg.ServedName
-	}
-	return t, err
+	return m.Admit(ctx, a)
 }
 
 // QueueDepth implements gateway.Models.
@@ -371,5 +324,5 @@ func (g *gatewayModels) QueueDepth(model string) int {
 	if !ok {
 		return 0
 	}
-	return m.snap.Load().queueDepth
+	return m.Snapshot().QueueDepth
 }

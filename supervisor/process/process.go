@@ -172,6 +172,11 @@ func (b *Backend) Tail(model string, n int) ([]string, error) {
 	return lines, nil
 }
 
+// Logs implements supervisor.LogReader: the engine's captured output.
+func (b *Backend) Logs(spec supervisor.Spec, lines int) ([]string, error) {
+	return b.Tail(spec.Model, lines)
+}
+
 // Start starts spec.Command in a new process group and returns once it is
 // started; an engine already running is left alone. The engine gets
 // SIGKILL should napd die (Pdeathsig), so it never outlives napd.
@@ -437,3 +442,6 @@ func (b *Backend) close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// The exec backend's optional calls.
+var _ supervisor.LogReader = (*Backend)(nil)

@@ -340,6 +340,15 @@ func (b *Backend) Running(ctx context.Context) ([]string, error) {
 	return slices.Sorted(maps.Keys(set)), nil
 }
 
+// Logs implements supervisor.LogReader: napd keeps no copy of a unit's
+// output; it says where it is.
+func (b *Backend) Logs(spec supervisor.Spec, _ int) ([]string, error) {
+	return nil, fmt.Errorf("the output of %s is in the journal: journalctl -u %s", spec.Model, spec.UnitName())
+}
+
+// UnitName implements supervisor.Uniter.
+func (b *Backend) UnitName(spec supervisor.Spec) string { return spec.UnitName() }
+
 // StopUnknown stops the napd-engine-* units of models not in keep (models
 // removed from the config) and returns those models, sorted.
 func (b *Backend) StopUnknown(ctx context.Context, keep []string) ([]string, error) {
@@ -412,3 +421,10 @@ func transientProperties(spec supervisor.Spec) []sdbus.Property {
 	}
 	return props
 }
+
+// The systemd backend's optional calls.
+var (
+	_ supervisor.LogReader = (*Backend)(nil)
+	_ supervisor.Uniter    = (*Backend)(nil)
+	_ supervisor.Pruner    = (*Backend)(nil)
+)

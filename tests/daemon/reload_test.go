@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -128,5 +130,47 @@ func checkAllOK(t *testing.T, results []result, models ...string) {
 		if count[m] == 0 {
 			t.Errorf("no request for %s ran", m)
 		}
+	}
+}
+
+// A reload that passes the config parser but fails a later step (here the
+// API keys file does not exist) is refused before it changes anything: the
+// log level, the body limit and the keys (none) stay those of the running
+// config, and the reload counter says invalid.
+func TestReload_RefusedChangesNothing(t *testing.T) {
+	n := harness.Start(t, harness.Options{Models: demo("keep", ""), LogLevel: "info", Gateway: `max_body = "1MiB"`})
+	ctx := context.Background()
+	big := `{"model":"keep","max_tokens":2,"messages":[{"role":"user","content":"` + strings.Repeat("x", 4096) + `"}]}`
+	if r := post(ctx, n, "keep", big); r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("before the reload: %v", r)
+	}
+	b, err := os.ReadFile(n.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(string(b), `log_level = "info"`, `log_level = "debug"`, 1)
+	cfg = strings.Replace(cfg, `max_body = "1MiB"`, `max_body = "1KiB"`+"\n"+
+		`request_timeout = "1ms"`+"\n"+
+		`api_keys_file = "`+filepath.Join(n.Dir, "no-such-keys")+`"`, 1)
+	if cfg == string(b) {
+		t.Fatal("config rewrite changed nothing")
+	}
+	if err := os.WriteFile(n.Config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.Signal(syscall.SIGHUP)
+	n.WaitLog("config reload refused", 10*time.Second)
+	mark := len(n.Log())
+
+	// No key, a 4 KiB body, and the old timeout: all still accepted.
+	if r := post(ctx, n, "keep", big); r.err != nil || r.status != http.StatusOK {
+		t.Errorf("after the refused reload: %v", r)
+	}
+	if log := n.Log()[mark:]; strings.Contains(log, "level=DEBUG") {
+		t.Errorf("the refused reload's debug level applied:\n%s", log)
+	}
+	fams := scrape(t, n)
+	if v := value(sample(fams, "napd_config_reloads_total", map[string]string{"result": "invalid"})); v != 1 {
+		t.Errorf("napd_config_reloads_total{result=invalid} = %v, want 1", v)
 	}
 }

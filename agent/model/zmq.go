@@ -1,10 +1,9 @@
-package agent
+package model
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -12,12 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/napd/napd/agent/config"
-	"github.com/napd/napd/agent/control"
-	"github.com/napd/napd/agent/events"
 	"github.com/napd/napd/engine"
 	"github.com/napd/napd/engine/client"
-	"github.com/napd/napd/probes/enginemetrics"
+	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -28,35 +24,44 @@ const (
 	readinessMaxPause   = 500 * time.Millisecond
 )
 
-// zmqEngine is the transport of a transport = "zmq" model: the
-// engine/client connection to its worker. The worker does not run before
-// the first wake, so the client is dialed then and kept for the model's
-// life; it reconnects by itself whenever the worker is started again.
-type zmqEngine struct {
-	a       *Agent
-	model   string
+// zmqLink is the link of a transport = "zmq" model: the engine/client
+// connection to its worker. The worker does not run before the first wake,
+// so the client is dialed then and kept for the link's life; it reconnects
+// by itself whenever the worker is started again.
+type zmqLink struct {
+	m       *Model
 	address string
-	log     *slog.Logger
 	closed  atomic.Bool
 	session atomic.Pointer[zmqSession] // the current (or last) session; nil before the first
-	lost    atomic.Int64               // number of the last session whose death was applied
+	lost    atomic.Int64               // number of the last session whose death was applied (loop only)
 	mu      sync.Mutex                 // serialises the dial against Close
 	c       atomic.Pointer[client.Client]
 }
 
-func (a *Agent) newZMQEngine(mc *config.Model) *zmqEngine {
-	return &zmqEngine{a: a, model: mc.Name, address: mc.Address, log: a.log.With("model", mc.Name)}
+func newZMQLink(m *Model, address string) *zmqLink {
+	return &zmqLink{m: m, address: address}
 }
 
 // zmqSession is one connection to a worker instance.
 type zmqSession struct {
-	n    int64     // sessions of this engine so far, counting this one
+	n    int64     // sessions of this link so far, counting this one
 	upAt time.Time // when it came up: it dates the worker instance
 }
 
+func (z *zmqLink) Transport() http.RoundTripper { return z }
+func (z *zmqLink) Verify() supervisor.Verify    { return z.ready }
+
+// RefusesBeforeWork marks a ZMQ worker's transport as a
+// gateway.RefusingTransport: by the engine contract, its "no room" 503 is
+// sent before the worker starts on the request, so the gateway passes it on
+// as 503 (which a balancer may retry on another host).
+func (*zmqLink) RefusesBeforeWork() {}
+
+var _ gateway.RefusingTransport = (*zmqLink)(nil)
+
 // RoundTrip implements http.RoundTripper through the worker's client.
 // Before the first wake there is no session: *client.DeadError, a 502.
-func (z *zmqEngine) RoundTrip(req *http.Request) (*http.Response, error) {
+func (z *zmqLink) RoundTrip(req *http.Request) (*http.Response, error) {
 	c := z.c.Load()
 	if c == nil {
 		if req.Body != nil {
@@ -79,7 +84,7 @@ func (z *zmqEngine) RoundTrip(req *http.Request) (*http.Response, error) {
 // poll: it connects if needed, then asks the worker's readiness until it is
 // Ready, fails with the worker's reason when it reports Failed, and gives
 // up when ctx (the wake's deadline) ends.
-func (z *zmqEngine) ready(ctx context.Context) error {
+func (z *zmqLink) ready(ctx context.Context) error {
 	c, err := z.dial(ctx)
 	if err != nil {
 		return err
@@ -107,7 +112,7 @@ func (z *zmqEngine) ready(ctx context.Context) error {
 	}
 }
 
-func (z *zmqEngine) dial(ctx context.Context) (*client.Client, error) {
+func (z *zmqLink) dial(ctx context.Context) (*client.Client, error) {
 	if c := z.c.Load(); c != nil {
 		return c, nil
 	}
@@ -122,7 +127,7 @@ func (z *zmqEngine) dial(ctx context.Context) (*client.Client, error) {
 	if err := waitForSocket(ctx, z.address); err != nil {
 		return nil, err
 	}
-	c, err := client.Dial(ctx, z.address, client.Options{Logger: z.log, OnState: z.onState})
+	c, err := client.Dial(ctx, z.address, client.Options{Logger: z.m.log, OnState: z.onState})
 	if err != nil {
 		return nil, err
 	}
@@ -158,13 +163,13 @@ func waitForSocket(ctx context.Context, address string) error {
 // went silent past the heartbeat bound) into an engine exit of the model:
 // the lifecycle makes it sleeping, or waking if requests wait. Requests in
 // flight have already failed with *client.DeadError (502).
-func (z *zmqEngine) onState(st client.State, err error) {
+func (z *zmqLink) onState(st client.State, err error) {
 	if st == client.Connected {
 		var n int64
 		if prev := z.session.Load(); prev != nil {
 			n = prev.n
 		}
-		z.session.Store(&zmqSession{n: n + 1, upAt: z.a.clock()})
+		z.session.Store(&zmqSession{n: n + 1, upAt: z.m.now()})
 		return
 	}
 	z.sessionLost(z.session.Load(), err, false) // OnState must not block
@@ -173,7 +178,7 @@ func (z *zmqEngine) onState(st client.State, err error) {
 // sessionLost has the model's loop apply the death of session s, and waits
 // until it did when wait is set. OnState and each request that failed with
 // the session report it; the loop applies it once.
-func (z *zmqEngine) sessionLost(s *zmqSession, err error, wait bool) {
+func (z *zmqLink) sessionLost(s *zmqSession, err error, wait bool) {
 	if z.closed.Load() || s == nil {
 		return
 	}
@@ -182,10 +187,7 @@ func (z *zmqEngine) sessionLost(s *zmqSession, err error, wait bool) {
 	if errors.As(err, &dead) {
 		reason = "worker dead: " + dead.Reason
 	}
-	m := z.a.reg.Load().byName[z.model]
-	if m == nil {
-		return
-	}
+	m := z.m
 	apply := func() {
 		if z.lost.Load() >= s.n {
 			return
@@ -209,8 +211,8 @@ func (z *zmqEngine) sessionLost(s *zmqSession, err error, wait bool) {
 	}
 }
 
-// Close ends the connection for good (model removed, napd stopping).
-func (z *zmqEngine) Close() {
+// Close ends the connection for good.
+func (z *zmqLink) Close() {
 	z.closed.Store(true)
 	z.mu.Lock()
 	c := z.c.Load()
@@ -218,73 +220,4 @@ func (z *zmqEngine) Close() {
 	if c != nil {
 		c.Close()
 	}
-}
-
-// verifyOf is how a wake verifies the engine behind tr: nil (the HTTP
-// health poll) unless tr is a ZMQ worker's connection.
-func verifyOf(tr http.RoundTripper) supervisor.Verify {
-	if z, ok := tr.(*zmqEngine); ok {
-		return z.ready
-	}
-	return nil
-}
-
-// closeTransport ends a model's worker connection, if it has one.
-func closeTransport(tr http.RoundTripper) {
-	if z, ok := tr.(*zmqEngine); ok {
-		z.Close()
-	}
-}
-
-// zmqEvidence is the engine evidence of a serving ZMQ worker. A worker
-// serves one napd session at a time, so every request it runs came through
-// the gateway and holds a lease: the leases are the whole truth, and the
-// engine adds nothing to them.
-var zmqEvidence = enginemetrics.Evidence{Engine: config.TransportZMQ, Counts: true}
-
-// startEventPublisher binds the PUB socket of agent.events_address and
-// forwards the lifecycle events (state, wake, sleep) the agent emits until
-// ctx ends, then closes it. The hub drops events the publisher does not
-// take at once, so publishing never slows a model's loop.
-func (a *Agent) startEventPublisher(ctx context.Context, address string) error {
-	pub, err := events.NewPublisher(address)
-	if err != nil {
-		return err
-	}
-	ch, unsubscribe := a.hub.subscribe()
-	a.helpers.Add(1)
-	go func() {
-		defer a.helpers.Done()
-		defer pub.Close()
-		defer unsubscribe()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e := <-ch:
-				ev, ok := lifecycleEvent(e)
-				if !ok {
-					continue
-				}
-				if err := pub.Publish(ev); err != nil {
-					a.log.Warn("publishing a lifecycle event", "err", err)
-				}
-			}
-		}
-	}()
-	a.log.Info("publishing lifecycle events", "address", address)
-	return nil
-}
-
-// lifecycleEvent maps an agent event onto the published schema; planner
-// decisions and reloads are not model lifecycle events.
-func lifecycleEvent(e control.Event) (events.Event, bool) {
-	kind := events.Kind(e.Kind)
-	if e.Model == "" || (kind != events.KindState && kind != events.KindWake && kind != events.KindSleep) {
-		return events.Event{}, false
-	}
-	return events.Event{
-		Time: e.Time, Model: e.Model, Kind: kind, From: e.From, To: e.To, Reason: e.Reason,
-		WakeDuration: time.Duration(e.WakeMs) * time.Millisecond,
-	}, true
 }

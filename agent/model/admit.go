@@ -1,0 +1,211 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/gateway"
+)
+
+// waiter is one admitted-lease request waiting for a grant. The loop owns
+// every field but reply, which the requesting goroutine reads.
+type waiter struct {
+	id      lease.ID
+	arrived time.Time
+	reply   chan grant // buffered 1: the loop never blocks on it
+	granted bool
+	woke    bool // it waited for a wake
+}
+
+type grant struct {
+	err      error
+	target   *url.URL
+	tr       http.RoundTripper
+	wakeWait time.Duration
+	served   string // the model's served_name when granted
+}
+
+// Admit takes a lease and waits for a slot; see gateway.Models.Admit. It
+// runs on the request's goroutine: the lease is taken here, and the loop
+// is asked for a slot.
+func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket, error) {
+	req := lease.Request{Model: m.name, Client: a.Client, Kind: a.Kind, Stream: a.Stream, Key: a.IdempotencyKey, Fingerprint: a.Fingerprint}
+	var adm lease.Admission
+	for {
+		var err error
+		adm, err = m.d.Tracker.Begin(m.now(), req)
+		if err != nil {
+			return nil, err
+		}
+		if adm.Verdict == lease.Conflict {
+			return nil, keyReused()
+		}
+		if adm.Verdict == lease.Replayed {
+			return &gateway.Ticket{Replay: storedToGateway(adm.Response), Done: func(gateway.Outcome) {}}, nil
+		}
+		if adm.Verdict == lease.Started {
+			break
+		}
+		select { // Joined: wait for the first request, then ask again
+		case <-adm.Wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	w := &waiter{id: adm.ID, arrived: m.now(), reply: make(chan grant, 1)}
+	if !m.do(func() { m.arrive(w) }) {
+		m.end(w, gateway.Outcome{Cancelled: true})
+		return nil, m.removed()
+	}
+	select {
+	case g := <-w.reply:
+		if g.err != nil {
+			m.end(w, gateway.Outcome{Cancelled: true})
+			return nil, g.err
+		}
+		t := &gateway.Ticket{Target: g.target, Transport: g.tr, WakeWait: g.wakeWait, ServedName: g.served}
+		var once atomic.Bool
+		t.Done = func(o gateway.Outcome) {
+			if once.CompareAndSwap(false, true) {
+				m.end(w, o)
+			}
+		}
+		return t, nil
+	case <-m.quit: // the loop ended with the arrival unhandled (removed meanwhile)
+		m.end(w, gateway.Outcome{Cancelled: true})
+		return nil, m.removed()
+	case <-ctx.Done():
+		// The loop may have granted it meanwhile: withdraw settles either way.
+		m.do(func() { m.withdraw(w) })
+		m.end(w, gateway.Outcome{Cancelled: true})
+		return nil, ctx.Err()
+	}
+}
+
+// end releases w's lease and, on the loop, its slot.
+func (m *Model) end(w *waiter, o gateway.Outcome) {
+	out := lease.Outcome{Cancelled: o.Cancelled}
+	if o.Response != nil {
+		out.Response = &lease.Stored{Status: o.Response.Status, Header: o.Response.Header, Body: o.Response.Body}
+	}
+	now := m.now()
+	ended, _ := m.d.Tracker.End(now, w.id, out)
+	m.do(func() {
+		if w.granted {
+			w.granted = false
+			m.active--
+		}
+		m.lastUsed = now
+		if ended.Idle {
+			m.apply(m.machine.LastLeaseEnded(m.now(), m.evidence()), nil)
+		}
+		m.dispatch()
+		m.afterIdle()
+		m.publish()
+	})
+}
+
+// keyReused refuses an Idempotency-Key used before for another request.
+func keyReused() *gateway.Refusal {
+	return &gateway.Refusal{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
+		Message: "this Idempotency-Key was used for another request (method, path, model or body differ)"}
+}
+
+func storedToGateway(s *lease.Stored) *gateway.StoredResponse {
+	if s == nil {
+		return nil
+	}
+	return &gateway.StoredResponse{Status: s.Status, Header: s.Header, Body: s.Body}
+}
+
+// ---- on the loop ----
+
+func (m *Model) arrive(w *waiter) {
+	if m.retiring {
+		w.reply <- grant{err: m.removed()}
+		return
+	}
+	if m.stopping { // the old engine is being stopped: wake the new one after
+		m.enqueue(w, true)
+		m.publish()
+		return
+	}
+	m.apply(m.machine.Arrive(m.now()), w)
+	m.publish()
+}
+
+// withdraw handles a waiter whose client left or whose deadline ran out.
+func (m *Model) withdraw(w *waiter) {
+	for i, q := range m.queue {
+		if q == w {
+			m.queue = append(m.queue[:i], m.queue[i+1:]...)
+			break
+		}
+	}
+	m.publish()
+}
+
+// enqueue admits w now when the model serves and a slot is free, else
+// queues it in FIFO order. Requests waiting for a wake may use the slots
+// the wake will open plus the queue; a full queue is refused with 503.
+func (m *Model) enqueue(w *waiter, forWake bool) {
+	if w == nil {
+		return
+	}
+	w.woke = forWake || w.woke
+	limit := m.cfg.Queue
+	if forWake {
+		limit += m.cfg.MaxConcurrency
+	}
+	if !forWake && len(m.queue) == 0 && m.active < m.cfg.MaxConcurrency {
+		m.grant(w)
+		return
+	}
+	if len(m.queue) >= limit {
+		w.reply <- grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "queue_full",
+			Message:    fmt.Sprintf("model %s: queue full (%d waiting, %d in flight)", m.name, len(m.queue), m.active),
+			RetryAfter: time.Second}}
+		return
+	}
+	m.queue = append(m.queue, w)
+}
+
+// dispatch grants queued requests while the model serves and slots are free.
+func (m *Model) dispatch() {
+	if !m.machine.Snapshot().State.Serving() {
+		return
+	}
+	for len(m.queue) > 0 && m.active < m.cfg.MaxConcurrency {
+		w := m.queue[0]
+		m.queue = m.queue[1:]
+		m.grant(w)
+	}
+}
+
+func (m *Model) grant(w *waiter) {
+	w.granted = true
+	m.active++
+	g := grant{target: m.eng.target, tr: m.eng.link.Transport(), served: m.cfg.ServedName}
+	if w.woke {
+		g.wakeWait = m.now().Sub(w.arrived)
+	}
+	w.reply <- g
+}
+
+// refuseQueue refuses every queued request with err.
+func (m *Model) refuseQueue(err error) {
+	for _, q := range m.queue {
+		q.reply <- grant{err: err}
+	}
+	m.queue = nil
+}
+
+func refusal(r *lifecycle.Refusal) *gateway.Refusal {
+	return &gateway.Refusal{Status: r.Status, Code: r.Code, Message: r.Message, RetryAfter: r.RetryAfter}
+}

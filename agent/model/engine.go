@@ -1,0 +1,357 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/supervisor"
+)
+
+// apply performs a lifecycle decision on the loop. w is the arriving
+// request, if the event was an arrival.
+func (m *Model) apply(d lifecycle.Decision, w *waiter) {
+	if d.Cancel != 0 && d.Cancel == m.wakeOp && m.wakeStop != nil {
+		m.wakeStop() // the machine gave up on this wake; its late result is ignored
+		m.wakeStop = nil
+	}
+	switch d.Action {
+	case lifecycle.Admit:
+		m.enqueue(w, false)
+	case lifecycle.QueueForWake:
+		m.enqueue(w, true)
+	case lifecycle.StartWake:
+		if w != nil {
+			m.enqueue(w, true)
+		}
+		m.startWake(d.Op, d.Attempt)
+	case lifecycle.Refuse:
+		if w != nil {
+			w.reply <- grant{err: refusal(d.Refusal)}
+		}
+	case lifecycle.AdmitWaiting:
+		m.d.Metrics.Wakes.WithLabelValues(m.name, "ok").Inc()
+		lc := m.machine.Snapshot()
+		m.d.Metrics.WakeTime.WithLabelValues(m.name).Observe(lc.LastWake.Seconds())
+		m.emit(control.Event{Kind: "wake", Reason: d.Reason, WakeMs: lc.LastWake.Milliseconds()})
+		m.dispatch()
+	case lifecycle.RefuseWaiting:
+		m.refuseQueue(refusal(d.Refusal))
+	case lifecycle.IssueSleep:
+		m.startSleep(d.Op, d.Sleep)
+	case lifecycle.AbandonDrain:
+		m.log.Warn("drain abandoned", "reason", d.Reason)
+		m.dispatch()
+	case lifecycle.Declined:
+		m.log.Debug("sleep declined", "reason", d.Reason)
+	}
+	m.noteState()
+}
+
+// startWake runs one wake attempt off the loop and reports back with op.
+func (m *Model) startWake(op lifecycle.Op, attempt int) {
+	ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.WakeTimeout)
+	m.wakeStop, m.wakeOp = cancel, op
+	m.wokeAt = m.now()
+	spec := m.spec
+	verify := m.eng.link.Verify()
+	stale := m.stale
+	m.stale = false
+	m.log.Info("waking", "attempt", attempt, "of", m.cfg.WakeAttempts)
+	go func() {
+		defer cancel()
+		m.opMu.Lock()
+		err := m.d.MakeRoom(ctx, m.name)
+		var noRoom *gateway.Refusal
+		if errors.As(err, &noRoom) {
+			m.opMu.Unlock()
+			m.do(func() { m.noRoom(op, noRoom) })
+			return
+		}
+		if err == nil && stale {
+			m.log.Info("stopping an engine that stopped answering, before waking it")
+			m.stopEngine(spec)
+		}
+		if err == nil {
+			err = m.d.Supervisor.WakeVerified(ctx, spec, verify)
+		}
+		if err != nil {
+			m.d.Metrics.Wakes.WithLabelValues(m.name, wakeResult(err)).Inc()
+			var exit *supervisor.ExitError
+			if !errors.As(err, &exit) {
+				// A failed attempt leaves the engine in an unknown state
+				// (hung, half loaded, still asleep): the next one starts
+				// from a stopped engine.
+				m.stopEngine(spec)
+			}
+		}
+		m.opMu.Unlock()
+		m.do(func() {
+			if op == m.wakeOp {
+				m.wakeStop = nil
+			}
+			if err == nil {
+				m.eng = newInstance(spec, m.eng.link)
+			}
+			m.apply(m.machine.WakeDone(m.now(), op, err, m.evidence()), nil)
+			m.publish()
+		})
+	}()
+}
+
+// stopEngine stops the engine outside the lifecycle's sleeps: after a
+// failed wake, or before waking an engine that stopped answering. The
+// caller holds opMu.
+func (m *Model) stopEngine(spec supervisor.Spec) {
+	ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.StopTimeout+10*time.Second)
+	defer cancel()
+	if err := m.d.Supervisor.Sleep(ctx, spec, config.SleepStop); err != nil {
+		m.log.Warn("stopping the engine", "err", err)
+	}
+}
+
+// noRoom handles a wake that cannot fit in GPU memory: not the engine's
+// fault, so no attempt is spent; the waiting requests get the 503 that
+// names what holds the memory.
+func (m *Model) noRoom(op lifecycle.Op, r *gateway.Refusal) {
+	if op != m.wakeOp || m.wakeStop == nil {
+		return // the machine gave up on this wake: its queue belongs to another
+	}
+	m.wakeStop = nil
+	m.refuseQueue(r)
+	m.apply(m.machine.WakeAborted(m.now(), op, r.Message), nil)
+	m.publish()
+}
+
+func wakeResult(err error) string {
+	var exit *supervisor.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return "exited"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return "unhealthy"
+}
+
+// startSleep issues a sleep off the loop and reports back with op.
+func (m *Model) startSleep(op lifecycle.Op, req lifecycle.SleepRequest) {
+	spec := m.eng.spec // the running engine's
+	strategy := req.Strategy
+	if strategy == "" {
+		strategy = m.cfg.Sleep
+	}
+	m.log.Info("putting to sleep", "strategy", strategy, "reason", req.Reason.String())
+	go func() {
+		ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.StopTimeout+m.cfg.DrainTimeout+30*time.Second)
+		defer cancel()
+		m.opMu.Lock()
+		err := m.d.Supervisor.Sleep(ctx, spec, strategy)
+		m.opMu.Unlock()
+		m.do(func() { m.sleepDone(op, req, strategy, err) })
+	}()
+}
+
+// sleepDone applies a sleep's result. The operator sleeps waiting on it
+// learn it from here: a sleep that worked is a success even when demand
+// that arrived meanwhile starts a wake at once.
+func (m *Model) sleepDone(op lifecycle.Op, req lifecycle.SleepRequest, strategy string, err error) {
+	draining := m.machine.Snapshot().State == lifecycle.Draining
+	d := m.machine.SleepDone(m.now(), op, err, m.evidence())
+	if err == nil {
+		m.d.Metrics.Sleeps.WithLabelValues(m.name, sleepLabel(req)).Inc()
+		m.emit(control.Event{Kind: "sleep", Reason: req.Reason.String() + ", strategy " + strategy})
+	}
+	if draining && m.machine.Snapshot().State != lifecycle.Draining { // the result was this sleep's
+		if err != nil {
+			m.answerSleepers(fmt.Errorf("sleep %s: %w", m.name, err))
+		} else {
+			m.answerSleepers(nil)
+		}
+	}
+	m.apply(d, nil)
+	m.afterIdle()
+	m.publish()
+}
+
+// sleepLabel is a sleep's reason label: the planner's own (idle,
+// gpu-pressure, make-room, …), else an operator's (napctl, or a reload
+// restarting the engine).
+func sleepLabel(req lifecycle.SleepRequest) string {
+	if req.Cause != "" {
+		return req.Cause
+	}
+	return "operator"
+}
+
+// Sleep is the operator's sleep (napctl sleep): it drains live leases,
+// puts the engine to sleep with strategy ("" is the model's own) and
+// returns the outcome of that sleep, learned from the sleep call itself.
+func (m *Model) Sleep(ctx context.Context, strategy string) error {
+	result := make(chan error, 1)
+	if !m.do(func() { m.operatorSleep(strategy, result) }) {
+		return m.removed()
+	}
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.quit:
+		return m.removed()
+	}
+}
+
+func (m *Model) operatorSleep(strategy string, result chan error) {
+	if strategy == "" {
+		strategy = m.cfg.Sleep
+	}
+	switch strategy {
+	case config.SleepStop, config.SleepVLLML1, config.SleepVLLML2, config.SleepSGLang:
+	case config.SleepNone:
+		result <- fmt.Errorf("sleep %s: strategy %q never puts a model to sleep", m.name, strategy)
+		return
+	default:
+		result <- fmt.Errorf("sleep %s: unknown strategy %q", m.name, strategy)
+		return
+	}
+	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.EngineNoEvidence)
+	switch {
+	case d.Action == lifecycle.Declined:
+		result <- fmt.Errorf("sleep %s: %s", m.name, d.Reason)
+	case m.machine.Snapshot().State == lifecycle.Sleeping:
+		result <- nil
+	default: // draining, or the sleep call is in flight
+		m.sleepers = append(m.sleepers, result)
+	}
+}
+
+// answerSleepers gives the operator sleeps waiting their outcome.
+func (m *Model) answerSleepers(err error) {
+	for _, s := range m.sleepers {
+		s <- err
+	}
+	m.sleepers = nil
+}
+
+// afterIdle finishes a reload's pending work once the model is idle: a
+// removed model's engine is stopped and its loop ends; a model whose engine
+// spec changed has its old engine stopped, so the next request starts the
+// new one. A serving model goes through the lifecycle (a drained sleep), so
+// no request is cut.
+func (m *Model) afterIdle() {
+	if (!m.retiring && !m.restart) || m.stopping {
+		return
+	}
+	if m.active > 0 || len(m.queue) > 0 || m.evidence().Active > 0 {
+		return
+	}
+	switch st := m.machine.Snapshot().State; {
+	case st.Serving():
+		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: config.SleepStop}, lifecycle.EngineNoEvidence)
+		return
+	case st == lifecycle.Waking || st == lifecycle.Draining:
+		return // its result calls afterIdle again
+	}
+	m.stopping = true
+	spec := m.eng.spec
+	go func() {
+		m.opMu.Lock()
+		m.stopEngine(spec)
+		m.opMu.Unlock()
+		m.do(m.stopped)
+	}()
+}
+
+// stopped is the end of a reload's stop: the configured engine (and a
+// changed link) becomes the one the next wake starts.
+func (m *Model) stopped() {
+	m.stopping, m.restart = false, false
+	link := m.eng.link
+	if m.nextLink != nil {
+		link.Close()
+		link, m.nextLink = m.nextLink, nil
+	}
+	m.eng = newInstance(m.spec, link)
+	if m.retiring {
+		m.d.Metrics.Forget(m.name)
+		m.log.Info("model removed")
+		m.Shutdown()
+		return
+	}
+	m.machine.Reconcile(m.now(), lifecycle.ReportAsleep)
+	if len(m.queue) > 0 { // requests arrived while stopping
+		m.apply(m.machine.Arrive(m.now()), nil)
+	}
+	m.noteState()
+	m.publish()
+}
+
+// Reconfigure applies a reloaded config to a model that stays, and waits
+// until the loop did. Policy changes apply at once; an engine spec change
+// restarts the engine once the model is idle, so no request is cut.
+func (m *Model) Reconfigure(cfg *config.Model, spec supervisor.Spec) {
+	m.call(func() { m.reconfigure(cfg, spec) })
+}
+
+func (m *Model) reconfigure(mc *config.Model, spec supervisor.Spec) {
+	specChanged := !reflect.DeepEqual(spec, m.spec)
+	if mc.Transport != m.cfg.Transport || mc.Address != m.cfg.Address {
+		// The running engine keeps its link until it is restarted.
+		if m.nextLink != nil {
+			m.nextLink.Close()
+		}
+		m.nextLink = m.newLink(mc)
+		specChanged = true
+	}
+	m.cfg = mc
+	m.machine.Reload(m.now(), PolicyOf(mc))
+	if specChanged {
+		m.spec = spec
+		m.restart = true
+		m.log.Info("engine settings changed: the engine restarts once idle")
+		m.afterIdle()
+	}
+	m.dispatch() // max_concurrency may have grown
+	m.publish()
+}
+
+// Retire marks a model removed by a reload: queued requests are refused,
+// its engine is stopped once its last lease ends, then its loop ends.
+func (m *Model) Retire() {
+	m.do(func() {
+		m.retiring = true
+		m.refuseQueue(m.removed())
+		m.afterIdle()
+		m.publish()
+	})
+}
+
+// Observe reconciles the model with what the supervisor finds its engine
+// doing (napd's start, a model added by a reload).
+func (m *Model) Observe(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	obs, err := m.d.Supervisor.Observe(ctx, m.Snapshot().Spec)
+	report := lifecycle.ReportNoAnswer
+	switch {
+	case err != nil:
+		m.log.Warn("cannot observe engine", "err", err)
+	case obs.State == supervisor.Awake:
+		report = lifecycle.ReportServing
+	case obs.State == supervisor.Asleep || obs.State == supervisor.Stopped:
+		report = lifecycle.ReportAsleep
+	}
+	m.call(func() {
+		m.machine.Reconcile(m.now(), report)
+		m.noteState()
+		m.publish()
+	})
+	m.log.Info("reconciled", "found", obs.State.String(), "reason", obs.Reason)
+}

@@ -1,0 +1,567 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/supervisor"
+)
+
+// These tests drive one model's loop with a fake supervisor, whose calls
+// the test answers one by one, and a clock the test advances by hand. Each
+// step is observed through what the loop does (a supervisor call, an
+// event, a grant), or through Ping, which returns once the loop has
+// handled everything posted before it: nothing waits on a fixed sleep.
+
+// within bounds every wait for the loop; it is never slept.
+const within = 20 * time.Second
+
+// clock is a hand-advanced clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// call is one supervisor call the test answers.
+type call struct {
+	op       string // "wake" or "sleep"
+	spec     supervisor.Spec
+	strategy string
+	ctx      context.Context
+	reply    chan error
+}
+
+// fakeSupervisor hands every wake and sleep to the test on calls.
+type fakeSupervisor struct {
+	calls   chan call
+	observe supervisor.Observed
+}
+
+func (f *fakeSupervisor) do(ctx context.Context, c call) error {
+	c.ctx, c.reply = ctx, make(chan error, 1)
+	f.calls <- c
+	select {
+	case err := <-c.reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (f *fakeSupervisor) WakeVerified(ctx context.Context, spec supervisor.Spec, _ supervisor.Verify) error {
+	return f.do(ctx, call{op: "wake", spec: spec})
+}
+
+func (f *fakeSupervisor) Sleep(ctx context.Context, spec supervisor.Spec, strategy string) error {
+	return f.do(ctx, call{op: "sleep", spec: spec, strategy: strategy})
+}
+
+func (f *fakeSupervisor) Observe(context.Context, supervisor.Spec) (supervisor.Observation, error) {
+	return supervisor.Observation{State: f.observe}, nil
+}
+
+func (f *fakeSupervisor) UnitName(supervisor.Spec) string { return "" }
+
+// rig is one model under test.
+type rig struct {
+	t      *testing.T
+	m      *Model
+	sup    *fakeSupervisor
+	clock  *clock
+	events chan control.Event
+	cfg    *config.Model
+}
+
+func testConfig(name string) *config.Model {
+	return &config.Model{
+		Name: name, Transport: config.TransportHTTP, Sleep: config.SleepStop,
+		MaxConcurrency: 1, Queue: 1,
+		WakeTimeout: time.Minute, WakeAttempts: 3, DrainTimeout: 30 * time.Second,
+		StopTimeout: time.Second, IdleTimeout: time.Hour,
+		ArrivalWhileDraining: config.ArrivalCancelDrain,
+	}
+}
+
+func specFor(cfg *config.Model, port int) supervisor.Spec {
+	return supervisor.Spec{Model: cfg.Name, Port: port, Sleep: cfg.Sleep, StopTimeout: cfg.StopTimeout}
+}
+
+// newRig starts a model whose engine the supervisor finds in state found.
+func newRig(t *testing.T, found supervisor.Observed, tune func(*config.Model)) *rig {
+	t.Helper()
+	cfg := testConfig("m")
+	if tune != nil {
+		tune(cfg)
+	}
+	r := &rig{
+		t: t, cfg: cfg,
+		sup:    &fakeSupervisor{calls: make(chan call, 16), observe: found},
+		clock:  &clock{now: time.Unix(1_800_000_000, 0)},
+		events: make(chan control.Event, 1024),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.m = New(Deps{
+		Tracker:    lease.NewTracker(lease.Options{}),
+		Supervisor: r.sup,
+		Metrics:    metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }),
+		Emit:       func(e control.Event) { r.events <- e },
+		Clock:      r.clock.Now,
+		MakeRoom:   func(context.Context, string) error { return nil },
+		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ctx:        ctx,
+	}, cfg, specFor(cfg, 8001))
+	go r.m.Run()
+	t.Cleanup(func() {
+		cancel()
+		r.m.Shutdown()
+		<-r.m.Done()
+	})
+	r.m.Observe(context.Background())
+	return r
+}
+
+// sync returns once the loop handled everything posted so far.
+func (r *rig) sync() {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := r.m.Ping(ctx); err != nil {
+		r.t.Fatalf("loop does not answer: %v", err)
+	}
+}
+
+// state is the model's lifecycle state once the loop is idle.
+func (r *rig) state() lifecycle.State {
+	r.sync()
+	return r.m.Snapshot().Lifecycle.State
+}
+
+// expect fails the test unless the model is in state want.
+func (r *rig) expect(want lifecycle.State) {
+	r.t.Helper()
+	if st := r.state(); st != want {
+		r.t.Fatalf("state %v, want %v", st, want)
+	}
+}
+
+// until waits for the published snapshot to satisfy ok, one loop round
+// trip at a time.
+func (r *rig) until(what string, ok func(Snapshot) bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok(r.m.Snapshot()) {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("waiting for %s: snapshot %+v", what, r.m.Snapshot())
+		}
+		r.sync()
+	}
+}
+
+// next is the supervisor's next call, which must be op.
+func (r *rig) next(op string) call {
+	r.t.Helper()
+	select {
+	case c := <-r.sup.calls:
+		if c.op != op {
+			r.t.Fatalf("supervisor call %s %+v, want %s", c.op, c.spec, op)
+		}
+		return c
+	case <-time.After(within):
+		r.t.Fatalf("no %s call", op)
+	}
+	return call{}
+}
+
+// noCall fails when the supervisor was called (after syncing the loop).
+func (r *rig) noCall() {
+	r.t.Helper()
+	r.sync()
+	select {
+	case c := <-r.sup.calls:
+		r.t.Fatalf("unexpected supervisor call %s %+v", c.op, c.spec)
+	default:
+	}
+}
+
+// waitEvent waits for an event of kind (and, for "state", To == to).
+func (r *rig) waitEvent(kind, to string) control.Event {
+	r.t.Helper()
+	timeout := time.After(within)
+	for {
+		select {
+		case e := <-r.events:
+			if e.Kind == kind && (to == "" || e.To == to) {
+				return e
+			}
+		case <-timeout:
+			r.t.Fatalf("no %s event to %q", kind, to)
+		}
+	}
+}
+
+// operatorSleep runs an operator sleep (the model's own strategy) on its
+// own goroutine; its result comes on the channel.
+func (r *rig) operatorSleep() <-chan error {
+	slept := make(chan error, 1)
+	go func() { slept <- r.m.Sleep(context.Background(), "") }()
+	return slept
+}
+
+// admission is one Admit running on its own goroutine.
+type admission struct {
+	ticket *gateway.Ticket
+	err    error
+	done   chan struct{}
+}
+
+func (r *rig) admit(ctx context.Context) *admission {
+	a := &admission{done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Kind: lease.KindChat})
+	}()
+	return a
+}
+
+// result waits for the admission's outcome.
+func (a *admission) result(t *testing.T) (*gateway.Ticket, error) {
+	t.Helper()
+	select {
+	case <-a.done:
+		return a.ticket, a.err
+	case <-time.After(within):
+		t.Fatal("admission did not end")
+	}
+	return nil, nil
+}
+
+func (a *admission) pending() bool {
+	select {
+	case <-a.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// granted waits for the admission and fails unless it was granted.
+func (r *rig) granted(a *admission) *gateway.Ticket {
+	r.t.Helper()
+	tk, err := a.result(r.t)
+	if err != nil || tk == nil || tk.Target == nil {
+		r.t.Fatalf("admission: ticket %+v, err %v", tk, err)
+	}
+	return tk
+}
+
+// An awake model grants up to max_concurrency at once, queues up to queue
+// in FIFO order, refuses the rest with 503 queue_full, and grants the
+// queued request when a slot frees.
+func TestAdmissionAndQueue(t *testing.T) {
+	r := newRig(t, supervisor.Awake, nil)
+	r.expect(lifecycle.Awake)
+	ctx := context.Background()
+	first := r.granted(r.admit(ctx))
+	if first.Target.Host != "127.0.0.1:8001" || first.WakeWait != 0 {
+		t.Errorf("first ticket: target %v, wake wait %v", first.Target, first.WakeWait)
+	}
+	second := r.admit(ctx)
+	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
+	_, err := r.admit(ctx).result(t)
+	var ref *gateway.Refusal
+	if !errors.As(err, &ref) || ref.Status != http.StatusServiceUnavailable || ref.Code != "queue_full" {
+		t.Fatalf("third admission: %v, want 503 queue_full", err)
+	}
+	if !second.pending() {
+		t.Fatal("the queued request was granted while the slot was taken")
+	}
+	first.Done(gateway.Outcome{})
+	tk := r.granted(second)
+	if s := r.m.Snapshot(); s.Active != 1 || s.QueueDepth != 0 {
+		t.Errorf("after the grant: active %d, queue %d", s.Active, s.QueueDepth)
+	}
+	tk.Done(gateway.Outcome{})
+	r.until("slots free", func(s Snapshot) bool { return s.Active == 0 })
+	r.noCall()
+}
+
+// A queued request whose client leaves is withdrawn: it holds no queue
+// place and its lease ends.
+func TestAdmissionWithdrawn(t *testing.T) {
+	r := newRig(t, supervisor.Awake, nil)
+	first := r.granted(r.admit(context.Background()))
+	ctx, cancel := context.WithCancel(context.Background())
+	waiting := r.admit(ctx)
+	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
+	cancel()
+	if _, err := waiting.result(t); !errors.Is(err, context.Canceled) {
+		t.Fatalf("withdrawn admission: %v", err)
+	}
+	r.until("queue empty", func(s Snapshot) bool { return s.QueueDepth == 0 })
+	first.Done(gateway.Outcome{})
+	r.until("idle", func(s Snapshot) bool { return s.Active == 0 })
+	if ev, _ := r.m.d.Tracker.Evidence("m"); ev.Active != 0 {
+		t.Errorf("leases live after both ended: %d", ev.Active)
+	}
+}
+
+// Requests that arrive at a sleeping model start one wake between them;
+// when it is verified, they are granted in arrival order up to
+// max_concurrency, each told how long it waited by the model's clock.
+func TestWakeSingleFlight(t *testing.T) {
+	r := newRig(t, supervisor.Stopped, func(c *config.Model) { c.MaxConcurrency = 2; c.Queue = 1 })
+	r.expect(lifecycle.Sleeping)
+	ctx := context.Background()
+	var waiting []*admission
+	for range 3 {
+		waiting = append(waiting, r.admit(ctx))
+	}
+	wake := r.next("wake")
+	r.until("three waiting for the wake", func(s Snapshot) bool { return s.QueueDepth == 3 })
+	r.noCall() // one wake for all three
+	r.expect(lifecycle.Waking)
+	r.clock.Advance(1500 * time.Millisecond)
+	wake.reply <- nil
+	r.waitEvent("wake", "")
+	ended := make(chan *admission, len(waiting))
+	for _, a := range waiting {
+		go func() { <-a.done; ended <- a }()
+	}
+	var tickets []*gateway.Ticket
+	for range 2 {
+		var a *admission
+		select {
+		case a = <-ended:
+		case <-time.After(within):
+			t.Fatal("fewer than two requests granted after the wake")
+		}
+		tk := r.granted(a)
+		if tk.WakeWait != 1500*time.Millisecond {
+			t.Errorf("wake wait %v, want 1.5s (the hand-advanced clock)", tk.WakeWait)
+		}
+		tickets = append(tickets, tk)
+	}
+	r.until("one left queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
+	var last *admission
+	for _, a := range waiting {
+		if a.pending() {
+			last = a
+		}
+	}
+	if last == nil {
+		t.Fatal("a third request was granted over max_concurrency 2")
+	}
+	tickets[0].Done(gateway.Outcome{})
+	tickets = append(tickets[1:], r.granted(last))
+	for _, tk := range tickets {
+		tk.Done(gateway.Outcome{})
+	}
+	r.expect(lifecycle.Awake)
+	if lw := r.m.Snapshot().Lifecycle.LastWake; lw != 1500*time.Millisecond {
+		t.Errorf("last wake %v, want 1.5s", lw)
+	}
+}
+
+// A wake past wake_timeout (by the model's clock, at a tick) is given up:
+// its call is cancelled, the attempt counts, and the request still waiting
+// starts the next attempt, which serves it.
+func TestWakeTimeoutRetries(t *testing.T) {
+	r := newRig(t, supervisor.Stopped, nil)
+	a := r.admit(context.Background())
+	first := r.next("wake")
+	r.clock.Advance(r.cfg.WakeTimeout)
+	r.m.Tick()
+	select {
+	case <-first.ctx.Done():
+	case <-time.After(within):
+		t.Fatal("the abandoned wake's call was not cancelled")
+	}
+	r.next("sleep").reply <- nil // the failed attempt's engine is stopped
+	second := r.next("wake")
+	if st := r.m.Snapshot().Lifecycle; st.State != lifecycle.Waking || st.Attempts != 1 {
+		t.Fatalf("after the timeout: %+v, want waking with 1 attempt spent", st)
+	}
+	second.reply <- nil
+	r.granted(a).Done(gateway.Outcome{})
+}
+
+// An operator sleep of a model serving a request drains: the sleep call
+// is issued only when the request ends, and the operator learns the
+// outcome from that call.
+func TestDrainThenSleep(t *testing.T) {
+	r := newRig(t, supervisor.Awake, nil)
+	tk := r.granted(r.admit(context.Background()))
+	slept := r.operatorSleep()
+	r.waitEvent("state", "draining")
+	r.noCall() // the request still runs
+	tk.Done(gateway.Outcome{})
+	c := r.next("sleep")
+	if c.strategy != config.SleepStop || c.spec.Port != 8001 {
+		t.Errorf("sleep call %q on port %d", c.strategy, c.spec.Port)
+	}
+	c.reply <- nil
+	if err := <-slept; err != nil {
+		t.Fatalf("operator sleep: %v", err)
+	}
+	r.expect(lifecycle.Sleeping)
+}
+
+// A request that arrives during a drain cancels it (arrival_while_draining
+// = "cancel-drain"): it is served, the model stays awake, and the operator
+// sleep waiting for the drain is told why it did not happen.
+func TestCancelDrain(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.MaxConcurrency = 2 })
+	tk := r.granted(r.admit(context.Background()))
+	slept := r.operatorSleep()
+	r.waitEvent("state", "draining")
+	late := r.granted(r.admit(context.Background()))
+	err := <-slept
+	if err == nil || !strings.Contains(err.Error(), "drain cancelled") {
+		t.Fatalf("operator sleep: %v, want the cancelled drain", err)
+	}
+	tk.Done(gateway.Outcome{})
+	late.Done(gateway.Outcome{})
+	r.expect(lifecycle.Awake)
+	r.noCall()
+}
+
+// A drain that outlasts drain_timeout (by the model's clock) is abandoned
+// at the next tick; the operator's sleep fails with the reason.
+func TestDrainAbandoned(t *testing.T) {
+	r := newRig(t, supervisor.Awake, nil)
+	tk := r.granted(r.admit(context.Background()))
+	slept := r.operatorSleep()
+	r.waitEvent("state", "draining")
+	r.clock.Advance(r.cfg.DrainTimeout)
+	r.m.Tick()
+	if err := <-slept; err == nil || !strings.Contains(err.Error(), "drain abandoned") {
+		t.Fatalf("operator sleep: %v, want the abandoned drain", err)
+	}
+	tk.Done(gateway.Outcome{})
+	r.expect(lifecycle.Awake)
+	r.noCall()
+}
+
+// A sleep call that fails is the operator's error, and leaves the model
+// unverified.
+func TestOperatorSleepFails(t *testing.T) {
+	r := newRig(t, supervisor.Awake, nil)
+	slept := r.operatorSleep()
+	r.next("sleep").reply <- errors.New("engine did not stop")
+	if err := <-slept; err == nil || !strings.Contains(err.Error(), "engine did not stop") {
+		t.Fatalf("operator sleep: %v", err)
+	}
+	r.expect(lifecycle.Unverified)
+	if err := r.m.Sleep(context.Background(), config.SleepNone); err == nil {
+		t.Error(`strategy "none" accepted`)
+	}
+}
+
+// An engine that exits while it serves a request makes the model wake
+// again for that request's lease (demand waits); a new request queues for
+// that wake. A notice about an engine from before the wake is ignored.
+func TestEngineExitDuringRequests(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.MaxConcurrency = 2 })
+	inFlight := r.granted(r.admit(context.Background()))
+	before := r.clock.Now()
+	r.clock.Advance(time.Second)
+	r.m.EngineExited("exit status 1", r.clock.Now())
+	wake := r.next("wake")
+	r.expect(lifecycle.Waking)
+	next := r.admit(context.Background())
+	r.until("queued for the wake", func(s Snapshot) bool { return s.QueueDepth == 1 })
+	r.m.EngineExited("old instance", before) // dated before the wake: old news
+	if st := r.state(); st != lifecycle.Waking {
+		t.Fatalf("a stale exit changed the state to %v", st)
+	}
+	wake.reply <- nil
+	r.granted(next).Done(gateway.Outcome{})
+	inFlight.Done(gateway.Outcome{})
+	r.expect(lifecycle.Awake)
+}
+
+// A reload that changes the engine restarts it once the model is idle: the
+// request in flight keeps the old engine, then the old engine is put to
+// sleep (stop) and stopped, and the next request wakes the new one and is
+// sent to its port.
+func TestReloadChangedEngine(t *testing.T) {
+	r := newRig(t, supervisor.Awake, nil)
+	old := r.granted(r.admit(context.Background()))
+	cfg := testConfig("m")
+	r.m.Reconfigure(cfg, specFor(cfg, 8002))
+	r.noCall() // a request holds the old engine
+	old.Done(gateway.Outcome{})
+	c := r.next("sleep")
+	if c.spec.Port != 8001 || c.strategy != config.SleepStop {
+		t.Fatalf("drained sleep of %d by %q, want the old engine (8001) by stop", c.spec.Port, c.strategy)
+	}
+	c.reply <- nil
+	c = r.next("sleep")
+	if c.spec.Port != 8001 {
+		t.Fatalf("stop of port %d, want the old engine's 8001", c.spec.Port)
+	}
+	c.reply <- nil
+	r.until("restart done", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Sleeping && s.Spec.Port == 8002 })
+	a := r.admit(context.Background())
+	w := r.next("wake")
+	if w.spec.Port != 8002 {
+		t.Fatalf("wake of port %d, want the new engine's 8002", w.spec.Port)
+	}
+	w.reply <- nil
+	tk := r.granted(a)
+	if tk.Target.Host != "127.0.0.1:8002" {
+		t.Errorf("request sent to %v, want the new engine", tk.Target)
+	}
+	tk.Done(gateway.Outcome{})
+}
+
+// A model removed by a reload refuses its queue, stops its engine once its
+// last lease ends, and its loop ends.
+func TestRetire(t *testing.T) {
+	r := newRig(t, supervisor.Awake, nil)
+	tk := r.granted(r.admit(context.Background()))
+	queued := r.admit(context.Background())
+	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
+	r.m.Retire()
+	var ref *gateway.Refusal
+	if _, err := queued.result(t); !errors.As(err, &ref) || ref.Code != "model_removed" {
+		t.Fatalf("queued request of a removed model: %v", err)
+	}
+	r.noCall()
+	tk.Done(gateway.Outcome{})
+	r.next("sleep").reply <- nil // the drained sleep (stop)
+	r.next("sleep").reply <- nil // the stop
+	select {
+	case <-r.m.Done():
+	case <-time.After(within):
+		t.Fatal("the removed model's loop did not end")
+	}
+	if _, err := r.m.Admit(context.Background(), gateway.Admission{Model: "m"}); !errors.As(err, &ref) || ref.Code != "model_removed" {
+		t.Errorf("admission after removal: %v", err)
+	}
+}

@@ -1,0 +1,393 @@
+// Package model is one configured model's owner loop: the goroutine that
+// owns the model's lifecycle machine, its lease admission (slots and the
+// FIFO queue), its link to the engine and the engine operations in flight.
+//
+// Everything the loop owns is unexported and reached only by the methods of
+// *Model, which post a closure to the loop and, where they return a
+// result, wait for it: code outside this package cannot touch a loop-owned
+// field, so the compiler keeps the ownership rule. What the rest of napd may
+// read without the loop is the published Snapshot, which is for status,
+// metrics and the planner's input, never for gating an action.
+//
+// What the loop needs from the rest of napd comes in Deps: the lease
+// tracker, the supervisor, the metrics, the event sink, the clock and the
+// planner's make-room call. It does not know the registry of models, the
+// agent, the gateway's listeners or the config file.
+//
+// The loop never blocks: supervisor calls (wake, sleep, stop) run on
+// goroutines of their own, serialised per model by opMu, and report back by
+// posting to the loop with the lifecycle Op they were started for, so a
+// late result of an abandoned operation is recognised and ignored.
+package model
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/supervisor"
+)
+
+// Supervisor is what the loop asks of the engine supervisor
+// (*supervisor.Supervisor in napd, a fake in tests). Calls for one model
+// are serialised by the loop.
+type Supervisor interface {
+	// WakeVerified makes the engine awake and verified ready; a nil
+	// verify is the HTTP health poll.
+	WakeVerified(ctx context.Context, spec supervisor.Spec, verify supervisor.Verify) error
+	// Sleep puts the engine to sleep with the named strategy.
+	Sleep(ctx context.Context, spec supervisor.Spec, strategy string) error
+	// Observe finds out what the engine is doing (reconciliation).
+	Observe(ctx context.Context, spec supervisor.Spec) (supervisor.Observation, error)
+	// UnitName is the systemd unit running the engine, "" for backends
+	// without units.
+	UnitName(spec supervisor.Spec) string
+}
+
+// Deps is everything a model's loop uses from the rest of napd.
+type Deps struct {
+	Tracker    *lease.Tracker
+	Supervisor Supervisor
+	Metrics    *metrics.Metrics
+	// Emit receives the model's events (state, wake, sleep). It must not
+	// block: the loop calls it.
+	Emit func(control.Event)
+	// StatusChanged is told after each state change (systemd's STATUS=
+	// line). It must not block.
+	StatusChanged func()
+	// Clock is napd's clock: every time the loop hands the lifecycle
+	// machine or the tracker comes from it.
+	Clock func() time.Time
+	// MakeRoom is the planner's fit-before-wake: it returns once the model
+	// fits in GPU memory, or a *gateway.Refusal when it cannot, or ctx's
+	// error. It runs on the wake's goroutine, never on the loop.
+	MakeRoom func(ctx context.Context, model string) error
+	Log      *slog.Logger
+	// Ctx is napd's lifetime: engine operations in flight end with it.
+	Ctx context.Context
+}
+
+// Model is one configured model and its owner loop.
+type Model struct {
+	name string
+	d    Deps
+	log  *slog.Logger
+	msgs chan func()
+	stop chan struct{} // closed (once, by Shutdown) to end the loop
+	quit chan struct{} // closed when the loop has ended
+	once sync.Once
+	// opMu serialises the supervisor calls for this model: a wake the
+	// machine gave up on may still be finishing (or cleaning up) when the
+	// next attempt starts.
+	opMu sync.Mutex
+	snap atomic.Pointer[Snapshot]
+
+	// ---- owned by the loop ----
+	cfg      *config.Model
+	spec     supervisor.Spec // the configured engine: the next wake starts this one
+	eng      *instance       // the engine the last wake started (or the one found at start)
+	nextLink Link            // a reload's new link, used once the engine restarts
+	machine  *lifecycle.Machine
+	active   int       // granted requests (slots in use)
+	queue    []*waiter // FIFO: waiting for a wake or a slot
+	wakeStop context.CancelFunc
+	wakeOp   lifecycle.Op
+	wokeAt   time.Time          // start of the current wake: older engine exits are not its
+	lastUsed time.Time          // end of the last lease, for LRU
+	retiring bool               // removed by a reload: stop once the leases end
+	restart  bool               // spec changed by a reload: restart once idle
+	stopping bool               // the engine is being stopped for a reload
+	stale    bool               // the engine may run but does not answer: stop it before the next wake
+	seen     lifecycle.Snapshot // the state last announced
+	sleepers []chan error       // operator sleeps waiting for their outcome
+}
+
+// instance is one engine as requests reach it: the spec it was started
+// with, its root URL and the link to it. Granted requests hold the target
+// and the link's transport; an engine restart replaces the instance, never
+// changes it under them.
+type instance struct {
+	spec   supervisor.Spec
+	target *url.URL
+	link   Link
+}
+
+func newInstance(spec supervisor.Spec, link Link) *instance {
+	return &instance{spec: spec, target: targetOf(spec), link: link}
+}
+
+// Snapshot is a model's published state.
+type Snapshot struct {
+	Config     *config.Model
+	Spec       supervisor.Spec
+	Lifecycle  lifecycle.Snapshot
+	QueueDepth int
+	Active     int       // granted requests
+	LastUsed   time.Time // end of the last lease (or the model's creation)
+}
+
+// New returns the model for cfg, whose engine is started with spec. Its
+// loop runs once Run is called. The lifecycle starts Unverified: call
+// Observe to reconcile it with what the supervisor finds.
+func New(d Deps, cfg *config.Model, spec supervisor.Spec) *Model {
+	m := &Model{
+		name: cfg.Name,
+		d:    d,
+		log:  d.Log.With("model", cfg.Name),
+		msgs: make(chan func(), 64),
+		stop: make(chan struct{}),
+		quit: make(chan struct{}),
+		cfg:  cfg,
+		spec: spec,
+	}
+	now := m.now()
+	m.eng = newInstance(spec, m.newLink(cfg))
+	m.machine = lifecycle.New(now, PolicyOf(cfg))
+	m.lastUsed = now
+	d.Tracker.Register(cfg.Name, now)
+	m.publish()
+	return m
+}
+
+// targetOf is the root URL of the engine started with spec. Granted
+// requests hold the pointer: it is replaced, never changed.
+func targetOf(spec supervisor.Spec) *url.URL {
+	return &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(spec.Port)}
+}
+
+// PolicyOf maps a model's config onto the lifecycle's policy. The idle
+// minimum (anti-flap) is half the idle timeout, at most one minute: a model
+// woken for a request is not a candidate for pressure eviction until it was
+// idle that long, and pressure can still take it before its idle timeout.
+func PolicyOf(c *config.Model) lifecycle.Policy {
+	idleMin := time.Minute
+	if c.IdleTimeout > 0 && c.IdleTimeout/2 < idleMin {
+		idleMin = c.IdleTimeout / 2
+	}
+	return lifecycle.Policy{
+		DrainTimeout:         c.DrainTimeout,
+		WakeTimeout:          c.WakeTimeout,
+		WakeAttempts:         c.WakeAttempts,
+		ArrivalWhileDraining: lifecycle.ArrivalPolicy(c.ArrivalWhileDraining),
+		AllowUntrackedUnload: c.AllowUntrackedUnload,
+		IdleMinimum:          idleMin,
+	}
+}
+
+// Name is the model's configured name.
+func (m *Model) Name() string { return m.name }
+
+// Snapshot is the model's last published state.
+func (m *Model) Snapshot() Snapshot { return *m.snap.Load() }
+
+// Run is the owner loop; it returns after Shutdown, having closed the
+// engine links.
+func (m *Model) Run() {
+	defer close(m.quit)
+	defer m.closeLinks()
+	for {
+		select {
+		case f := <-m.msgs:
+			f()
+		case <-m.stop:
+			return
+		}
+	}
+}
+
+// Shutdown ends the loop. Later calls are refused; goroutines still
+// reporting (a wake in flight) find the loop gone and give up.
+func (m *Model) Shutdown() { m.once.Do(func() { close(m.stop) }) }
+
+// Done is closed once the loop has ended.
+func (m *Model) Done() <-chan struct{} { return m.quit }
+
+// do runs f on the owner loop. It returns false when the loop has ended;
+// f may also be left unrun when the loop ends right after it was posted,
+// so whoever waits for f's effect also watches quit.
+func (m *Model) do(f func()) bool {
+	select {
+	case <-m.quit:
+		return false
+	default:
+	}
+	select {
+	case m.msgs <- f:
+		return true
+	case <-m.quit:
+		return false
+	}
+}
+
+// call runs f on the owner loop and waits for it.
+func (m *Model) call(f func()) bool {
+	done := make(chan struct{})
+	if !m.do(func() { f(); close(done) }) {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-m.quit:
+		return false
+	}
+}
+
+// Ping returns once the loop has answered, or has ended; it fails when ctx
+// ends first (a wedged loop: the watchdog stops pinging systemd).
+func (m *Model) Ping(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case m.msgs <- func() { close(done) }:
+	case <-m.quit:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+	case <-m.quit:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (m *Model) now() time.Time { return m.d.Clock() }
+
+func (m *Model) evidence() lease.Evidence {
+	ev, _ := m.d.Tracker.Evidence(m.name)
+	return ev
+}
+
+// closeLinks ends the engine links when the loop ends.
+func (m *Model) closeLinks() {
+	m.eng.link.Close()
+	if m.nextLink != nil {
+		m.nextLink.Close()
+	}
+}
+
+// ---- events from elsewhere ----
+
+// Tick has the loop check the machine's deadlines (drain, wake).
+func (m *Model) Tick() {
+	m.do(func() {
+		m.apply(m.machine.Tick(m.now(), m.evidence()), nil)
+		m.publish()
+	})
+}
+
+// EngineExited reports an engine exit napd did not ask for; at dates the
+// engine instance that exited (its exit, or its session's start).
+func (m *Model) EngineExited(reason string, at time.Time) {
+	m.do(func() { m.engineExited(reason, at) })
+}
+
+// RequestSleep asks the lifecycle for an automatic sleep (the planner's);
+// the machine has the last word. It does not wait.
+func (m *Model) RequestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity) {
+	m.do(func() { m.requestSleep(req, engine) })
+}
+
+// Reset is the operator's reset of a failed model.
+func (m *Model) Reset() {
+	m.call(func() {
+		m.machine.Reset(m.now())
+		m.noteState()
+		m.publish()
+	})
+}
+
+// engineExited handles an engine exit on the loop. An instance older than
+// the current wake is old news and must not fail it: a worker's dead
+// session and its process exit arrive separately.
+func (m *Model) engineExited(reason string, at time.Time) {
+	if m.exitIsStale(at) {
+		m.log.Debug("engine exit from before this wake ignored", "reason", reason)
+		return
+	}
+	m.apply(m.machine.EngineExited(m.now(), reason, m.evidence()), nil)
+	m.publish()
+}
+
+// exitIsStale reports a notice about an engine instance from before the
+// wake in flight (the process's own exit event may have started it).
+func (m *Model) exitIsStale(at time.Time) bool {
+	return m.machine.Snapshot().State == lifecycle.Waking && at.Before(m.wokeAt)
+}
+
+// requestSleep asks the machine for a sleep (planner or operator).
+func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity) lifecycle.Decision {
+	d := m.machine.RequestSleep(m.now(), req, lifecycle.Evidence{Leases: m.evidence(), Engine: engine})
+	m.apply(d, nil)
+	m.publish()
+	return d
+}
+
+// ---- publishing ----
+
+func (m *Model) publish() {
+	m.snap.Store(&Snapshot{
+		Config: m.cfg, Spec: m.spec, Lifecycle: m.machine.Snapshot(),
+		QueueDepth: len(m.queue), Active: m.active, LastUsed: m.lastUsed,
+	})
+}
+
+// noteState announces a state change (log, event, STATUS) once, and
+// answers the operator sleeps a drain that ended without a sleep leaves.
+func (m *Model) noteState() {
+	after := m.machine.Snapshot()
+	if after.State != lifecycle.Draining && len(m.sleepers) > 0 {
+		var err error
+		if after.State != lifecycle.Sleeping {
+			err = fmt.Errorf("sleep %s: %s", m.name, after.Reason)
+		}
+		m.answerSleepers(err)
+	}
+	if after.State == m.seen.State && after.Reason == m.seen.Reason {
+		return
+	}
+	before := m.seen
+	m.seen = after
+	from := ""
+	if before.State != 0 {
+		from = before.State.String()
+	}
+	attrs := []any{"from", from, "state", after.State.String(), "reason", after.Reason}
+	if unit := m.d.Supervisor.UnitName(m.spec); unit != "" {
+		attrs = append(attrs, "unit", unit)
+	}
+	m.log.Info("state changed", attrs...)
+	m.emit(control.Event{Kind: "state", From: from, To: after.State.String(), Reason: after.Reason})
+	if m.d.StatusChanged != nil {
+		m.d.StatusChanged()
+	}
+}
+
+func (m *Model) emit(e control.Event) {
+	e.Time = time.Now()
+	e.Model = m.name
+	if m.d.Emit != nil {
+		m.d.Emit(e)
+	}
+}
+
+// removed is the refusal for a request that reached a model a reload
+// removed: 503, as the request raced the reload (a later one gets 404).
+func (m *Model) removed() *gateway.Refusal {
+	return &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
+		Message: "model " + m.name + " was removed from the configuration", RetryAfter: time.Second}
+}
