@@ -62,7 +62,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	spec := m.spec
 	verify := m.eng.link.Verify()
 	stale := m.stale
-	m.stale = false
+	m.stale, m.clearing = false, stale
 	m.log.Info("waking", "attempt", attempt, "of", m.cfg.WakeAttempts)
 	go func() {
 		defer cancel()
@@ -77,6 +77,14 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 		if err == nil && stale {
 			m.log.Info("stopping an engine that stopped answering, before waking it")
 			m.stopEngine(spec)
+			// The wake proper starts now: the exit of the engine just
+			// stopped is dated before it, so it cannot fail this wake.
+			at := m.now()
+			m.do(func() {
+				if op == m.wakeOp {
+					m.wokeAt, m.clearing = at, false
+				}
+			})
 		}
 		if err == nil {
 			err = m.d.Supervisor.WakeVerified(ctx, spec, verify)

@@ -110,6 +110,7 @@ type Model struct {
 	restart  bool               // spec changed by a reload: restart once idle
 	stopping bool               // the engine is being stopped for a reload
 	stale    bool               // the engine may run but does not answer: stop it before the next wake
+	clearing bool               // the wake in flight is stopping such an engine first: its exit is not news
 	seen     lifecycle.Snapshot // the state last announced
 	sleepers []chan error       // operator sleeps waiting for their outcome
 }
@@ -324,9 +325,10 @@ func (m *Model) engineExited(reason string, at time.Time) {
 }
 
 // exitIsStale reports a notice about an engine instance from before the
-// wake in flight (the process's own exit event may have started it).
+// wake in flight (the process's own exit event may have started it), or
+// about the unanswering engine that wake stops before it starts the next.
 func (m *Model) exitIsStale(at time.Time) bool {
-	return m.machine.Snapshot().State == lifecycle.Waking && at.Before(m.wokeAt)
+	return m.machine.Snapshot().State == lifecycle.Waking && (m.clearing || at.Before(m.wokeAt))
 }
 
 // requestSleep asks the machine for a sleep (planner or operator).
