@@ -302,6 +302,7 @@ func TestAdmissionAndQueue(t *testing.T) {
 	}
 	first.Done(gateway.Outcome{})
 	tk := r.granted(second)
+	r.sync()
 	if s := r.m.Snapshot(); s.Active != 1 || s.QueueDepth != 0 {
 		t.Errorf("after the grant: active %d, queue %d", s.Active, s.QueueDepth)
 	}
@@ -403,6 +404,7 @@ func TestWakeTimeoutRetries(t *testing.T) {
 	}
 	r.next("sleep").reply <- nil // the failed attempt's engine is stopped
 	second := r.next("wake")
+	r.sync()
 	if st := r.m.Snapshot().Lifecycle; st.State != lifecycle.Waking || st.Attempts != 1 {
 		t.Fatalf("after the timeout: %+v, want waking with 1 attempt spent", st)
 	}
