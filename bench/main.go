@@ -7,7 +7,9 @@
 //  2. streams: how long each SSE chunk spends in napd, and napd's memory
 //     with 2,000 streams open at once;
 //  3. wake: how soon after its engine turns healthy a waiting request is
-//     answered.
+//     answered;
+//  4. recording: what the request metrics and the token counting add to
+//     each request, against napd's CPU per request from 1.
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
@@ -138,6 +140,14 @@ func run(o options) error {
 			}
 			r.wakes = append(r.wakes, f)
 		}
+	}
+	done()
+
+	done = step("recording cost")
+	r.record = measureRecording()
+	r.record.streamCPU, err = streamCPU(ctx, n, viaNapd, 400, 16, r.record.chunks, time.Millisecond)
+	if err != nil {
+		return fmt.Errorf("stream CPU: %w", err)
 	}
 	done()
 

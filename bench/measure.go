@@ -276,3 +276,36 @@ func measureWake(ctx context.Context, n *napd, d time.Duration) (wakeFigure, err
 	}
 	return f, nil
 }
+
+// streamCPU is napd's CPU time per stream of chunks chunks (interval
+// apart), from napd's CPU clock over streams streams, parallel at a time.
+func streamCPU(ctx context.Context, n *napd, url string, streams, parallel, chunks int, interval time.Duration) (time.Duration, error) {
+	c := client()
+	body := fmt.Sprintf(`{"model":"proxy","stream":true,"max_tokens":%d,"bench_interval_ms":%d,"messages":[{"role":"user","content":"hello"}]}`,
+		chunks, interval.Milliseconds())
+	jobs := make(chan struct{}, streams)
+	for range streams {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	cpu0 := n.cpu()
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				if err := post(ctx, c, url, body); err != nil {
+					failed.Store(&err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		return 0, *err
+	}
+	return (n.cpu() - cpu0) / time.Duration(streams), nil
+}

@@ -65,6 +65,7 @@ type report struct {
 	streamsWanted, streamsOpen   int
 	rssIdle, rssStreams, rssPeak int64
 	wakes                        []wakeFigure
+	record                       recordFigures
 }
 
 func met(ok bool) string {
@@ -165,6 +166,8 @@ Each row is one request to a sleeping model (sleep = "stop") whose engine
 answers /health with 503 for its start-up time and then 200; the engine
 writes that moment down, and the reply's arrival at the client is compared
 with it. The model is put to sleep again between rows.
+
 `)
-	return b.String()
+	r.recordingMarkdown(&b)
+	return strings.TrimRight(b.String(), "\n") + "\n"
 }

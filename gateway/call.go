@@ -53,7 +53,7 @@ type call struct {
 	admitted  bool
 	wake      time.Duration
 	queueWait time.Duration
-	usage     usageScanner // token counts of the engine's answer
+	usage     UsageScanner // token counts of the engine's answer
 	cancelled bool         // the response is not complete (left, deadline, engine error)
 	replayed  bool
 	probe     bool // a balancer's health check: logged at debug whatever it answers

@@ -13,8 +13,8 @@ type Usage struct {
 	CompletionTokens int64
 }
 
-// usageScanner finds the last `"usage": {…}` object in a response body as
-// it streams through, without keeping the body: only the small object
+// UsageScanner finds the last `"usage": {…}` object in a response body as
+// it streams through (the zero value is ready to use), without keeping the body: only the small object
 // itself is buffered, up to maxUsageObject bytes (a larger one is skipped).
 // It reads counts only; no other byte of the answer is kept or logged.
 //
@@ -22,7 +22,7 @@ type Usage struct {
 // same word inside a string has its quotes escaped. A key named usage at
 // any depth counts; the engines put it at the top level of the answer or
 // of each chunk.
-type usageScanner struct {
+type UsageScanner struct {
 	state    scanState
 	matched  int    // bytes of usageKey matched so far (stateKey)
 	prevEsc  bool   // the byte before the match was a backslash
@@ -51,7 +51,7 @@ var usageKey = []byte(`"usage"`)
 const maxUsageObject = 1024
 
 // Write feeds the next bytes of the body. It never fails.
-func (s *usageScanner) Write(p []byte) (int, error) {
+func (s *UsageScanner) Write(p []byte) (int, error) {
 	n := len(p)
 	for len(p) > 0 {
 		switch s.state {
@@ -80,7 +80,7 @@ func (s *usageScanner) Write(p []byte) (int, error) {
 }
 
 // search looks for usageKey, across writes, and returns what follows it.
-func (s *usageScanner) search(p []byte) []byte {
+func (s *UsageScanner) search(p []byte) []byte {
 	if s.matched > 0 {
 		// Continue a match split by the previous write.
 		k := min(len(usageKey)-s.matched, len(p))
@@ -98,33 +98,53 @@ func (s *usageScanner) search(p []byte) []byte {
 		// a quote, which the plain search below finds.
 	}
 	for {
-		i := bytes.IndexByte(p, '"')
+		i := bytes.Index(p, usageKey)
 		if i < 0 {
-			s.prevEsc = len(p) > 0 && p[len(p)-1] == '\\'
+			s.partial(p)
 			return nil
 		}
 		esc := s.prevEsc
 		if i > 0 {
 			esc = p[i-1] == '\\'
 		}
-		rest := p[i:]
-		k := min(len(usageKey), len(rest))
-		if !esc && bytes.Equal(rest[:k], usageKey[:k]) {
-			if k < len(usageKey) {
-				s.matched = k
-				return nil
-			}
+		if !esc {
 			s.state = stateColon
-			return rest[k:]
+			return p[i+len(usageKey):]
 		}
-		// The byte after a quote is not escaped by it.
+		// An escaped quote inside a string: look past it.
 		s.prevEsc = false
-		p = rest[1:]
+		p = p[i+1:]
+	}
+}
+
+// partial remembers how much of usageKey the end of p begins, for the next
+// write to finish the match, and whether p ends with a backslash.
+func (s *UsageScanner) partial(p []byte) {
+	if len(p) == 0 {
+		s.prevEsc = false // p ended at the quote searched past
+		return
+	}
+	before := s.prevEsc // the byte before p
+	s.prevEsc = p[len(p)-1] == '\\'
+	// Only the key's first byte is a quote: the tail that may begin the key
+	// starts at the last quote among the last len(usageKey)-1 bytes.
+	tail := p[max(len(p)-(len(usageKey)-1), 0):]
+	q := bytes.LastIndexByte(tail, '"')
+	if q < 0 || !bytes.HasPrefix(usageKey, tail[q:]) {
+		return
+	}
+	k := len(tail) - q
+	esc := before
+	if len(p) > k {
+		esc = p[len(p)-k-1] == '\\'
+	}
+	if !esc {
+		s.matched = k
 	}
 }
 
 // object captures the usage object up to its closing brace.
-func (s *usageScanner) object(p []byte) []byte {
+func (s *UsageScanner) object(p []byte) []byte {
 	for i, c := range p {
 		switch {
 		case s.escape:
@@ -168,7 +188,7 @@ type usageFields struct {
 	CompletionTokens *int64 `json:"completion_tokens"`
 }
 
-func (s *usageScanner) parse() {
+func (s *UsageScanner) parse() {
 	var f usageFields
 	if json.Unmarshal(s.obj, &f) != nil || f.PromptTokens == nil || *f.PromptTokens < 0 {
 		return
@@ -181,4 +201,4 @@ func (s *usageScanner) parse() {
 }
 
 // Usage is the last complete usage object seen, if any.
-func (s *usageScanner) Usage() (Usage, bool) { return s.last, s.found }
+func (s *UsageScanner) Usage() (Usage, bool) { return s.last, s.found }

@@ -1,12 +1,13 @@
 package gateway
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
 
 func scanAll(chunks ...string) (Usage, bool) {
-	var s usageScanner
+	var s UsageScanner
 	for _, c := range chunks {
 		_, _ = s.Write([]byte(c))
 	}
@@ -68,7 +69,7 @@ func FuzzUsageScanner(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, step uint8) {
 		want, wantOK := scanAll(string(body))
 		n := int(step%16) + 1
-		var s usageScanner
+		var s UsageScanner
 		for i := 0; i < len(body); i += n {
 			_, _ = s.Write(body[i:min(i+n, len(body))])
 		}
@@ -79,4 +80,24 @@ func FuzzUsageScanner(f *testing.F) {
 			t.Errorf("negative counts %+v", want)
 		}
 	})
+}
+
+// BenchmarkUsageScanner: the scan of a 50-chunk stream whose last chunk
+// carries the usage (the cost every streamed answer pays).
+func BenchmarkUsageScanner(b *testing.B) {
+	var chunks [][]byte
+	for i := range 50 {
+		chunks = append(chunks, []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1764550000,"model":"qwen3-8b","choices":[{"index":0,"delta":{"content":" tok`+strconv.Itoa(i)+`"},"logprobs":null,"finish_reason":null}],"usage":null}`+"\n\n"))
+	}
+	chunks = append(chunks, []byte(`data: {"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":21,"total_tokens":71,"completion_tokens":50}}`+"\n\ndata: [DONE]\n\n"))
+	b.ReportAllocs()
+	for b.Loop() {
+		var s UsageScanner
+		for _, c := range chunks {
+			_, _ = s.Write(c)
+		}
+		if _, ok := s.Usage(); !ok {
+			b.Fatal("no usage")
+		}
+	}
 }
