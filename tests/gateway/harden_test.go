@@ -126,51 +126,47 @@ func TestHarden_IdleKeepAliveClosed(t *testing.T) {
 func TestHarden_MaxConnections(t *testing.T) {
 	t.Parallel()
 	n := harness.Start(t, harness.Options{Gateway: "max_connections = 3"})
-	get := func(c net.Conn) (*http.Response, error) {
-		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-		fmt.Fprint(c, "GET /health HTTP/1.1\r\nHost: napd\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err == nil {
-			_, _ = io.ReadAll(resp.Body)
-			resp.Body.Close()
-		}
-		return resp, err
-	}
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", n.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+	// Each client keeps its one connection open between requests.
+	client := func() *http.Client {
+		c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}, Timeout: 30 * time.Second}
+		t.Cleanup(c.CloseIdleConnections)
 		return c
 	}
-	var held []net.Conn
+	health := func(c *http.Client) (int, error) {
+		resp, err := c.Get(n.URL("/health"))
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	var held []*http.Client
 	for range 3 {
-		c := dial()
-		if resp, err := get(c); err != nil || resp.StatusCode != 200 {
-			t.Fatalf("within max_connections: %v %v", resp, err)
+		c := client()
+		if s, err := health(c); err != nil || s != 200 {
+			t.Fatalf("within max_connections: %d %v", s, err)
 		}
 		held = append(held, c)
 	}
 	for range 3 {
-		resp, err := get(dial())
-		if err != nil {
-			t.Fatalf("past max_connections: %v (want a 503 answer)", err)
-		}
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Errorf("past max_connections: %d", resp.StatusCode)
+		if s, err := health(client()); err != nil || s != http.StatusServiceUnavailable {
+			t.Errorf("past max_connections: %d %v, want a 503 answer", s, err)
 		}
 	}
 	if out, err := n.Napctl("status"); err != nil {
 		t.Errorf("napctl status past max_connections: %v\n%s", err, out)
 	}
-	held[0].Close()
+	held[0].CloseIdleConnections()
 	eventually(t, 20*time.Second, "a freed place serves again", func() bool {
-		resp, err := get(dial())
-		return err == nil && resp.StatusCode == 200
+		s, err := health(client())
+		return err == nil && s == 200
 	})
 	if c := strings.Count(n.Log(), "max_connections reached"); c != 1 {
 		t.Errorf("%d warnings for one burst of refusals", c)
+	}
+	if !strings.Contains(n.Log(), "gateway accepting connections again") {
+		t.Error("the end of the burst is not logged")
 	}
 }
 
