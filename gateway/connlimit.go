@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,7 @@ type ConnLimit struct {
 	mu       sync.Mutex
 	refused  int // connections refused in the current burst
 	failures int // accept errors in the current burst
+	refusing int // 503 answers being written now
 }
 
 // NewConnLimit returns a limit of max connections. A max the process's
@@ -84,19 +86,51 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 	}
 }
 
-// refuse answers 503 and closes. The reply fits an empty socket buffer, so
-// the write does not block the accept loop; the deadline makes sure.
+// refuse answers 503 and closes. The answer follows the request's head
+// (an HTTP client treats an answer that comes before its request as a
+// broken connection); that wait is bounded by refuseWait, and at most
+// maxRefusing connections are answered at once: past that, during a flood,
+// a connection is closed without an answer, as nginx does.
 func (c *ConnLimit) refuse(conn net.Conn) {
-	_ = conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	_, _ = conn.Write(overloaded)
-	_ = conn.Close()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.refused++
 	if c.refused == 1 {
 		c.log.Warn("max_connections reached: refusing new gateway connections", "max_connections", c.max)
 	}
+	answer := c.refusing < maxRefusing
+	if answer {
+		c.refusing++
+	}
+	c.mu.Unlock()
+	if !answer {
+		_ = conn.Close()
+		return
+	}
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			c.refusing--
+			c.mu.Unlock()
+		}()
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(refuseWait))
+		head := make([]byte, 0, 4<<10)
+		for len(head) < cap(head) && !bytes.Contains(head, []byte("\r\n\r\n")) {
+			n, err := conn.Read(head[len(head):cap(head)])
+			head = head[:len(head)+n]
+			if err != nil {
+				break
+			}
+		}
+		_, _ = conn.Write(overloaded)
+	}()
 }
+
+// Bounds of the 503 answers past max_connections.
+const (
+	refuseWait  = time.Second
+	maxRefusing = 64
+)
 
 // acceptFailed logs the first accept error of a burst (EMFILE and the like:
 // net/http retries them with a backoff).
