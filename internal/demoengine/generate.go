@@ -28,27 +28,13 @@ func (e *Engine) generate(chat bool) http.Handler {
 		if g.model == "" {
 			g.model = e.opts.Models[0]
 		}
-		if !e.served(g.model) {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", g.model))
-			return
-		}
-		j, err := e.admit(r.Context())
-		switch {
-		case errors.Is(err, errAsleep), errors.Is(err, errAborted):
-			writeError(w, http.StatusServiceUnavailable, err.Error())
-			return
-		case errors.Is(err, errStale):
-			writeError(w, http.StatusInternalServerError, err.Error())
-			return
-		case err != nil:
-			return // the client left while waiting for a slot
-		}
-		defer e.finish(j)
-		if g.stream {
-			e.stream(w, j, g)
-		} else {
-			e.complete(w, j, g)
-		}
+		e.run(w, r, g.model, func(j *job) {
+			if g.stream {
+				e.stream(w, j, g)
+			} else {
+				e.complete(w, j, g)
+			}
+		})
 	})
 }
 
