@@ -15,9 +15,17 @@ PACKAGES=(
 	fonts-dejavu-core # a font for that browser's screenshot
 	stress-ng       # a CPU hog for running the suite on a busy machine
 	haproxy         # the load balancer of tests/fleet, started from docs/examples/haproxy.cfg
+	nodejs          # runs the official OpenAI and Anthropic SDKs against napd (tests/sdk)
+	npm             # installs those SDKs from the npm registry (npm ci, tests/sdk/package-lock.json)
 )
 
 installed() {
+	# A Node.js from elsewhere (e.g. NodeSource, whose nodejs bundles npm)
+	# serves as well and must not be replaced.
+	case "$1" in
+	nodejs) command -v node >/dev/null && return 0 ;;
+	npm) command -v npm >/dev/null && return 0 ;;
+	esac
 	dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
 }
 
