@@ -265,14 +265,8 @@ func (e *Engine) messages(w http.ResponseWriter, r *http.Request) {
 			e.streamMessage(w, j, g, id)
 			return
 		}
-		for i := range g.maxTokens {
-			if err := e.tokenDelay(j, i); err != nil {
-				e.interrupted(g, err)
-				if errors.Is(err, errAborted) {
-					writeError(w, http.StatusServiceUnavailable, err.Error())
-				}
-				return
-			}
+		if !e.generateAll(w, j, g) {
+			return
 		}
 		writeJSON(w, http.StatusOK, message(id, g, g.text(), "max_tokens", g.maxTokens))
 		e.completed()

@@ -122,17 +122,27 @@ func (g generation) choice(text string, finish any, delta bool) any {
 	return map[string]any{"index": 0, "message": map[string]string{"role": "assistant", "content": text}, "logprobs": nil, "finish_reason": finish}
 }
 
-// complete answers a non-streamed completion after the whole generation
-// time has passed.
-func (e *Engine) complete(w http.ResponseWriter, j *job, g generation) {
+// generateAll waits until every token of a non-streamed generation is
+// due. Interrupted, it counts the interruption, answers 503 for a sleep's
+// abort (nothing to a client that left) and returns false.
+func (e *Engine) generateAll(w http.ResponseWriter, j *job, g generation) bool {
 	for i := range g.maxTokens {
 		if err := e.tokenDelay(j, i); err != nil {
 			e.interrupted(g, err)
 			if errors.Is(err, errAborted) {
 				writeError(w, http.StatusServiceUnavailable, err.Error())
 			}
-			return
+			return false
 		}
+	}
+	return true
+}
+
+// complete answers a non-streamed completion after the whole generation
+// time has passed.
+func (e *Engine) complete(w http.ResponseWriter, j *job, g generation) {
+	if !e.generateAll(w, j, g) {
+		return
 	}
 	object := "text_completion"
 	if g.chat {
