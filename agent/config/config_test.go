@@ -458,3 +458,30 @@ func TestLoad_DemoKeepsItsFilesInADirectoryOfItsOwn(t *testing.T) {
 		}
 	}
 }
+
+// fair_share "auto" is on exactly when API keys are configured; "on" and
+// "off" say so, in [policy] or per model.
+func TestParse_FairShare(t *testing.T) {
+	for _, c := range []struct {
+		name, doc string
+		want      map[string]bool
+	}{
+		{"auto without keys", "[models.a]\n" + minimal, map[string]bool{"a": false}},
+		{"auto with keys", "[gateway]\napi_keys_file = \"/etc/napd/keys\"\n[models.a]\n" + minimal, map[string]bool{"a": true}},
+		{"off with keys, one model on", "[gateway]\napi_keys_file = \"/etc/napd/keys\"\n[policy]\nfair_share = \"off\"\n[models.a]\n" + minimal +
+			"[models.b]\n" + minimal + "fair_share = \"on\"\n", map[string]bool{"a": false, "b": true}},
+	} {
+		cfg, err := Parse("napd.toml", []byte(c.doc))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for _, m := range cfg.Models {
+			if m.FairShare != c.want[m.Name] {
+				t.Errorf("%s: model %s FairShare = %v, want %v", c.name, m.Name, m.FairShare, c.want[m.Name])
+			}
+		}
+	}
+	if _, err := Parse("napd.toml", []byte("[policy]\nfair_share = true\n")); err == nil || !strings.Contains(err.Error(), "policy.fair_share") {
+		t.Errorf("fair_share = true: %v", err)
+	}
+}

@@ -63,6 +63,7 @@ func Default() *Config {
 			HealthInterval:       10 * time.Second,
 			HealthFailures:       3,
 			YieldAfter:           30 * time.Second,
+			FairShare:            FairShareAuto,
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -386,6 +387,7 @@ func policySchema(p *Policy) map[string]setter {
 		"health_interval":        setDuration(&p.HealthInterval, true),
 		"health_failures":        setInt(&p.HealthFailures, 1, 100),
 		"yield_after":            setDuration(&p.YieldAfter, true),
+		"fair_share":             setEnum(&p.FairShare, FairShareAuto, FairShareOn, FairShareOff),
 	}
 }
 
@@ -487,6 +489,8 @@ func (d *decoder) models(t *table, cfg *Config) []*Model {
 		m, pol := newModel(name), cfg.Policy
 		d.fields(mt, modelSchema(m, &pol))
 		m.setPolicy(pol)
+		// [gateway] is decoded before the models.
+		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
 		d.checkModel(m, mt)
 		decls = append(decls, decl{m, mt})
 	}

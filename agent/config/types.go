@@ -119,7 +119,17 @@ type Policy struct {
 	// YieldAfter is how long a busy model keeps admitting new requests
 	// after another model started waiting for its GPU memory.
 	YieldAfter time.Duration
+	// FairShare is FairShareAuto, FairShareOn or FairShareOff: whether a
+	// model's queue admits round-robin by client (API key name).
+	FairShare string
 }
+
+// Values of policy.fair_share.
+const (
+	FairShareAuto = "auto" // on when gateway.api_keys_file is set
+	FairShareOn   = "on"
+	FairShareOff  = "off"
+)
 
 // Pressure is the [pressure] table.
 type Pressure struct {
@@ -166,6 +176,9 @@ type Model struct {
 	HealthInterval       time.Duration
 	HealthFailures       int
 	YieldAfter           time.Duration
+	// FairShare: the queue admits round-robin by client label rather than
+	// by arrival (policy.fair_share, "auto" resolved against the keys).
+	FairShare bool
 
 	// WakeProgress: a streaming request that waits for this model's wake
 	// gets its 200 headers early and SSE comments until the first token.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 // every field but reply, which the requesting goroutine reads.
 type waiter struct {
 	id      lease.ID
+	client  string // the API key's name: whose turn it is, under fair_share
 	arrived time.Time
 	reply   chan grant // buffered 1: the loop never blocks on it
 	granted bool
@@ -58,7 +60,7 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 			return nil, ctx.Err()
 		}
 	}
-	w := &waiter{id: adm.ID, arrived: m.now(), reply: make(chan grant, 1)}
+	w := &waiter{id: adm.ID, client: a.Client, arrived: m.now(), reply: make(chan grant, 1)}
 	if !m.do(func() { m.arrive(w) }) {
 		m.end(w, gateway.Outcome{Cancelled: true})
 		return nil, m.removed()
@@ -152,7 +154,7 @@ func (m *Model) withdraw(w *waiter) {
 }
 
 // enqueue admits w now when the model serves and a slot is free, else
-// queues it in FIFO order. Requests waiting for a wake may use the slots
+// queues it (in arrival order; dispatch picks from it). Requests waiting for a wake may use the slots
 // the wake will open plus the queue; a full queue is refused with 503.
 func (m *Model) enqueue(w *waiter, forWake bool) {
 	if w == nil {
@@ -182,15 +184,41 @@ func (m *Model) dispatch() {
 		return
 	}
 	for len(m.queue) > 0 && m.active < m.cfg.MaxConcurrency {
-		w := m.queue[0]
-		m.queue = m.queue[1:]
+		i := m.nextQueued()
+		w := m.queue[i]
+		m.queue = slices.Delete(m.queue, i, i+1)
 		m.grant(w)
 	}
+}
+
+// nextQueued is the index of the queued request to admit next: the oldest
+// one or, under fair_share, the oldest one of the client whose turn it is.
+// Clients take turns in the order of their names, each after the client
+// granted last, so a burst from one client waits its turn between the
+// requests of the others instead of ahead of them.
+func (m *Model) nextQueued() int {
+	if !m.cfg.FairShare {
+		return 0
+	}
+	after, first := -1, 0
+	for i, w := range m.queue {
+		if w.client > m.turn && (after < 0 || w.client < m.queue[after].client) {
+			after = i
+		}
+		if w.client < m.queue[first].client {
+			first = i
+		}
+	}
+	if after >= 0 {
+		return after
+	}
+	return first // every queued client comes before the last one: a new round
 }
 
 func (m *Model) grant(w *waiter) {
 	w.granted = true
 	m.active++
+	m.turn = w.client
 	g := grant{target: m.eng.target, tr: m.eng.link.Transport(), served: m.cfg.ServedName}
 	if w.woke {
 		g.wakeWait = m.now().Sub(w.arrived)

@@ -567,3 +567,70 @@ func TestRetire(t *testing.T) {
 		t.Errorf("admission after removal: %v", err)
 	}
 }
+
+// admitAs is an admission for client.
+func (r *rig) admitAs(ctx context.Context, client string) *admission {
+	a := &admission{done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Client: client, Kind: lease.KindChat})
+	}()
+	return a
+}
+
+// fairOrder queues requests from clients (in that arrival order) behind
+// one slot held by alice, and returns the order in which the queue is
+// granted as the slot frees one request at a time.
+func fairOrder(t *testing.T, fair bool, clients ...string) []string {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.Queue = 10; c.FairShare = fair })
+	r.expect(lifecycle.Awake)
+	ctx := context.Background()
+	held := r.granted(r.admitAs(ctx, "alice"))
+	type queued struct {
+		client string
+		a      *admission
+	}
+	var q []queued
+	for _, c := range clients {
+		q = append(q, queued{c, r.admitAs(ctx, c)})
+		n := len(q)
+		r.until("queued in arrival order", func(s Snapshot) bool { return s.QueueDepth == n })
+	}
+	var order []string
+	for range q {
+		held.Done(gateway.Outcome{})
+		// Exactly one queued request is granted per freed slot.
+		var next *queued
+		for next == nil {
+			r.sync()
+			for i := range q {
+				if q[i].a != nil && !q[i].a.pending() {
+					next = &q[i]
+					break
+				}
+			}
+		}
+		held = r.granted(next.a)
+		order = append(order, next.client)
+		next.a = nil
+	}
+	held.Done(gateway.Outcome{})
+	return order
+}
+
+// With fair_share, a burst from one client does not keep the others
+// waiting behind it: the queue is admitted round-robin by client name,
+// starting after the client served last; without it, by arrival.
+func TestAdmissionFairShare(t *testing.T) {
+	burst := []string{"alice", "alice", "alice", "alice", "alice", "carol", "bob"}
+	if got := strings.Join(fairOrder(t, true, burst...), " "); got != "bob carol alice alice alice alice alice" {
+		t.Errorf("fair share, one burst: %q", got)
+	}
+	if got := strings.Join(fairOrder(t, false, burst...), " "); got != "alice alice alice alice alice carol bob" {
+		t.Errorf("arrival order: %q", got)
+	}
+	two := []string{"alice", "alice", "alice", "bob", "bob", "bob", "carol"}
+	if got := strings.Join(fairOrder(t, true, two...), " "); got != "bob carol alice bob alice bob alice" {
+		t.Errorf("fair share, two bursts: %q", got)
+	}
+}

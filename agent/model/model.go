@@ -1,6 +1,7 @@
 // Package model is one configured model's owner loop: the goroutine that
 // owns the model's lifecycle machine, its lease admission (slots and the
-// FIFO queue), its link to the engine and the engine operations in flight.
+// queue: by arrival, or round-robin by client under fair_share), its link
+// to the engine and the engine operations in flight.
 //
 // Everything the loop owns is unexported and reached only by the methods of
 // *Model, which post a closure to the loop and, where they return a
@@ -101,7 +102,8 @@ type Model struct {
 	nextLink Link            // a reload's new link, used once the engine restarts
 	machine  *lifecycle.Machine
 	active   int       // granted requests (slots in use)
-	queue    []*waiter // FIFO: waiting for a wake or a slot
+	queue    []*waiter // waiting for a wake or a slot, in arrival order
+	turn     string    // the client granted last (fair_share's round-robin)
 	wakeStop context.CancelFunc
 	wakeOp   lifecycle.Op
 	wokeAt   time.Time          // start of the current wake: older engine exits are not its
