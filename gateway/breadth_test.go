@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -301,4 +302,41 @@ func TestGateway_AnthropicRoutesAnswerAnthropicErrors(t *testing.T) {
 	if len(eng.seen()) != 0 {
 		t.Error("the engine saw refused requests")
 	}
+}
+
+// FuzzMapModel: mapping keeps a document's validity and changes nothing
+// but the top-level (or message's) model that named the served name.
+func FuzzMapModel(f *testing.F) {
+	for _, s := range []string{`{"model":"s"}`, `{"message":{"model":"s"},"x":[1,{"model":"s"}]}`, `{"model":"\u0073","model":1}`, `[1]`, `{"a":`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		out := mapModel(doc, "s", "r")
+		if json.Valid(doc) != json.Valid(out) {
+			t.Fatalf("validity changed: %q -> %q", doc, out)
+		}
+		var in, got map[string]any
+		if json.Unmarshal(doc, &in) != nil {
+			if !bytes.Equal(out, doc) {
+				t.Fatalf("a non-object was changed: %q -> %q", doc, out)
+			}
+			return
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		if in["model"] == "s" {
+			in["model"] = "r"
+		}
+		if m, ok := in["message"].(map[string]any); ok && m["model"] == "s" {
+			m["model"] = "r"
+		}
+		if !reflect.DeepEqual(in, got) {
+			t.Fatalf("%q -> %q", doc, out)
+		}
+		set := setModel(doc, "n")
+		if err := json.Unmarshal(set, &got); err != nil || (in["model"] != nil && got["model"] != "n") {
+			t.Fatalf("setModel %q -> %q", doc, set)
+		}
+	})
 }

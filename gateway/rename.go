@@ -59,6 +59,10 @@ func valueSpans(doc []byte, base int, key, into string, out []span) ([]span, boo
 	if _, err := dec.Token(); err != nil {
 		return out, false
 	}
+	// Nothing may follow the object (json.Unmarshal would refuse it).
+	if _, err := dec.Token(); err != io.EOF {
+		return out, false
+	}
 	return out, true
 }
 
