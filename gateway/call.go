@@ -103,8 +103,8 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 		return
 	}
 	defer cancel()
-	if boundary, ok := isForm(r); ok && fromBody {
-		c.forwardForm(ctx, r, boundary, path, rawPath, key)
+	if boundary, ok := isForm(r); ok {
+		c.forwardForm(ctx, r, boundary, path, rawPath, key, fromBody)
 		return
 	}
 	body, ok := c.readBody(ctx, r)

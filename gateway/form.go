@@ -48,11 +48,13 @@ func isForm(r *http.Request) (boundary string, ok bool) {
 	return b, true
 }
 
-// forwardForm routes a multipart form by its model field and streams it to
-// the engine. With an idempotency key, which is bound to the whole body,
+// forwardForm streams a multipart form to the engine. When route is set it
+// finds the model in the form's model field first; otherwise (a dedicated
+// socket, /upstream/) the model is known and nothing is read before
+// admission. With an idempotency key, which is bound to the whole body,
 // the upload is spooled whole before admission and sent from the spool.
-func (c *call) forwardForm(ctx context.Context, r *http.Request, boundary, path, rawPath, key string) {
-	if boundary == "" {
+func (c *call) forwardForm(ctx context.Context, r *http.Request, boundary, path, rawPath, key string, route bool) {
+	if route && boundary == "" {
 		c.fail(http.StatusBadRequest, "invalid_form", "multipart/form-data without a valid boundary")
 		return
 	}
@@ -67,16 +69,19 @@ func (c *call) forwardForm(ctx context.Context, r *http.Request, boundary, path,
 		}
 		head.Close()
 	}()
-	f, err := scanForm(io.TeeReader(src, head), boundary)
-	if err != nil {
-		c.formFailed(err, src.idleBound)
-		return
+	var f form
+	if route {
+		var err error
+		if f, err = scanForm(io.TeeReader(src, head), boundary); err != nil {
+			c.formFailed(err, src.idleBound)
+			return
+		}
+		model, ok := c.resolve(f.model)
+		if !ok {
+			return
+		}
+		c.model, c.requested, c.stream = model, f.model, f.stream
 	}
-	model, ok := c.resolve(f.model)
-	if !ok {
-		return
-	}
-	c.model, c.requested, c.stream = model, f.model, f.stream
 	c.path, c.rawPath = path, rawPath
 	var whole io.Reader
 	if key != "" {

@@ -181,39 +181,54 @@ func postForm(t *testing.T, e *env, path string, body io.Reader, ct string, leng
 }
 
 // The model comes first: the engine gets the upload while the client is
-// still sending it, so the gateway holds none of it.
+// still sending it, so the gateway holds none of it. On a dedicated socket
+// and through /upstream/ the model is known and the form streams as well.
 func TestGateway_FormIsStreamedToTheEngine(t *testing.T) {
 	eng := newFormEngine()
 	e := newEnv(t, eng.ServeHTTP, Options{MaxBody: 64 << 20})
+	dedicated := newServer(t, e.gw.ModelHandler("m2"))
 	file := bytes.Repeat([]byte{0xAB}, 4<<20)
 	body, ct := formBody(t, []string{"model", "@file"}, map[string]string{"model": "a1"}, file)
-	pr, pw := io.Pipe()
-	go func() {
-		pw.Write(body[:256<<10])
-		// The rest only once the engine has the head: a gateway that
-		// buffered the upload would wait here for ever (and the test
-		// fail on its deadline).
-		select {
-		case <-eng.started:
-			pw.Write(body[256<<10:])
-			pw.Close()
-		case <-time.After(30 * time.Second):
-			pw.CloseWithError(errors.New("the engine got nothing before the upload ended"))
+	for i, url := range []string{e.srv.URL + "/v1/audio/transcriptions", dedicated + "/v1/audio/transcriptions", e.srv.URL + "/upstream/m2/v1/audio/transcriptions"} {
+		eng.started = make(chan struct{})
+		eng.once = sync.Once{}
+		pr, pw := io.Pipe()
+		go func() {
+			pw.Write(body[:256<<10])
+			// The rest only once the engine has the head: a gateway that
+			// buffered the upload would wait here for ever (and the test
+			// fail on its deadline).
+			select {
+			case <-eng.started:
+				pw.Write(body[256<<10:])
+				pw.Close()
+			case <-time.After(30 * time.Second):
+				pw.CloseWithError(errors.New("the engine got nothing before the upload ended"))
+			}
+		}()
+		req, _ := http.NewRequest("POST", url, pr)
+		req.Header.Set("Content-Type", ct)
+		req.ContentLength = int64(len(body))
+		resp, err := e.client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", url, err)
 		}
-	}()
-	resp, b := postForm(t, e, "/v1/audio/transcriptions", pr, ct, int64(len(body)))
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, b)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d: %s", url, resp.StatusCode, b)
+		}
+		bodies, _ := eng.got()
+		if len(bodies) != i+1 || !bytes.Equal(bodies[i], body) {
+			t.Errorf("%s: engine got %d bodies, the last byte-identical: %v", url, len(bodies), len(bodies) == i+1 && bytes.Equal(bodies[i], body))
+		}
+		if o := e.models.outcome(); o.Cancelled {
+			t.Errorf("%s: outcome %+v", url, o)
+		}
 	}
-	bodies, models := eng.got()
-	if len(bodies) != 1 || !bytes.Equal(bodies[0], body) || models[0] != "a1" {
-		t.Errorf("engine got %d bodies (first byte-identical: %v), models %v", len(bodies), len(bodies) == 1 && bytes.Equal(bodies[0], body), models)
-	}
-	if a := e.models.admitted(); len(a) != 1 || a[0].Model != "m1" {
+	a := e.models.admitted()
+	if len(a) != 3 || a[0].Model != "m1" || a[1].Model != "m2" || a[2].Model != "m2" {
 		t.Errorf("admissions %+v", a)
-	}
-	if o := e.models.outcome(); o.Cancelled {
-		t.Errorf("outcome %+v", o)
 	}
 }
 
