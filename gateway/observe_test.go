@@ -7,40 +7,22 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/internal/fakeclock"
 )
-
-// manualClock is advanced by hand from the test's fakes.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // Observe reports the labels, the timings (queue and wake wait, time to
 // the first byte, duration) and the engine's token counts of a plain and
 // of a streamed answer.
 func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
-	clock := &manualClock{now: time.Unix(1_700_000_000, 0)}
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 	next := make(chan struct{})
 	engine := func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		clock.advance(3 * time.Second) // the engine thinks before its first byte
+		clock.Advance(3 * time.Second) // the engine thinks before its first byte
 		if r.URL.Path == "/v1/chat/completions" {
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":1000}\"}}],\"usage\":null}\n\n")
@@ -54,7 +36,7 @@ func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 	}
 	e := newEnv(t, engine, Options{Now: clock.Now})
 	e.models.admit = func(_ context.Context, a Admission) (*Ticket, error) {
-		clock.advance(2 * time.Second) // 1.5s for a wake, then 0.5s for a slot
+		clock.Advance(2 * time.Second) // 1.5s for a wake, then 0.5s for a slot
 		return e.models.ticket(1500 * time.Millisecond), nil
 	}
 
@@ -71,7 +53,7 @@ func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	clock.advance(time.Second)
+	clock.Advance(time.Second)
 	close(next)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/internal/fakeclock"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -28,24 +28,6 @@ import (
 
 // within bounds every wait for the loop; it is never slept.
 const within = 20 * time.Second
-
-// clock is a hand-advanced clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // call is one supervisor call the test answers.
 type call struct {
@@ -92,7 +74,7 @@ type rig struct {
 	t      *testing.T
 	m      *Model
 	sup    *fakeSupervisor
-	clock  *clock
+	clock  *fakeclock.Clock
 	events chan control.Event
 	cfg    *config.Model
 }
@@ -121,7 +103,7 @@ func newRig(t *testing.T, found supervisor.Observed, tune func(*config.Model)) *
 	r := &rig{
 		t: t, cfg: cfg,
 		sup:    &fakeSupervisor{calls: make(chan call, 16), observe: found},
-		clock:  &clock{now: time.Unix(1_800_000_000, 0)},
+		clock:  fakeclock.New(time.Unix(1_800_000_000, 0)),
 		events: make(chan control.Event, 1024),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
