@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -74,5 +76,51 @@ func TestConnLimit_RefusesPastTheLimitAndLogsOncePerBurst(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "accepting connections again") {
 		t.Errorf("end of the burst not logged:\n%s", logs.String())
+	}
+}
+
+// flakyListener fails Accept with EMFILE n times, then accepts.
+type flakyListener struct {
+	net.Listener
+	fails int
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails > 0 {
+		l.fails--
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: syscall.EMFILE}
+	}
+	return l.Listener.Accept()
+}
+
+func TestConnLimit_AcceptErrorsLoggedOncePerBurst(t *testing.T) {
+	logs := &syncBuffer{}
+	limit := NewConnLimit(10, slog.New(slog.NewTextHandler(logs, nil)))
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	l := limit.Listener(&flakyListener{Listener: inner, fails: 5})
+	for range 5 {
+		if _, err := l.Accept(); !errors.Is(err, syscall.EMFILE) {
+			t.Fatalf("Accept = %v, want EMFILE passed on (net/http backs off)", err)
+		}
+	}
+	c, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 {
+		t.Errorf("%d warnings for one burst of 5 accept errors:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "accept_errors=5") {
+		t.Errorf("the end of the burst does not count its errors:\n%s", logs.String())
 	}
 }

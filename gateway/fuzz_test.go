@@ -72,6 +72,9 @@ func FuzzParseBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fields, err := parseBody(body)
 		if err != nil {
+			if keys, ok := topLevelKeys(body); ok && plainRouting(body, keys) {
+				t.Errorf("parseBody refused %q: %v", body, err)
+			}
 			return
 		}
 		// What the gateway found must be what the engine finds: exact keys,
@@ -92,6 +95,59 @@ func FuzzParseBody(f *testing.F) {
 			t.Errorf("stream %v, full decode %v", fields.Stream, s)
 		}
 	})
+}
+
+// topLevelKeys lists the keys of a JSON object body in order, repeats
+// included (a reference walk with encoding/json's tokenizer).
+func topLevelKeys(body []byte) ([]string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	var keys []string
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		keys = append(keys, t.(string))
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return nil, false
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false
+	}
+	return keys, true
+}
+
+// plainRouting reports a body parseBody must accept: model a string (or
+// null, or absent) and stream a bool (or null, or absent), each spelled
+// once and exactly.
+func plainRouting(body []byte, keys []string) bool {
+	n := map[string]int{}
+	for _, k := range keys {
+		for _, name := range []string{"model", "stream"} {
+			if strings.EqualFold(k, name) {
+				if k != name {
+					return false
+				}
+				n[name]++
+			}
+		}
+	}
+	if n["model"] > 1 || n["stream"] > 1 {
+		return false
+	}
+	var typed struct {
+		Model  *string `json:"model"`
+		Stream *bool   `json:"stream"`
+	}
+	return json.Unmarshal(body, &typed) == nil
 }
 
 // FuzzRequestHead feeds raw HTTP/1.1 requests through the gateway's

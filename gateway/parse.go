@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/napd/napd/agent/lease"
@@ -26,51 +26,57 @@ var errAmbiguous = errors.New("ambiguous")
 // parseBody finds `model` and `stream` in a JSON request body. Keys match
 // exactly, as the engines read them (encoding/json alone would also take
 // "Model"); a repeated or case-variant routing key is errAmbiguous, so napd
-// never routes by one spelling while the engine reads another.
+// never routes by one spelling while the engine reads another. It walks the
+// top-level object in place: no copy of the body, however large.
 func parseBody(body []byte) (requestFields, error) {
 	var f requestFields
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil {
-		return f, err
-	} else if t != json.Delim('{') {
-		return f, fmt.Errorf("want an object, got %v", t)
+	if !json.Valid(body) {
+		// For the message: where and why.
+		var v any
+		return f, json.Unmarshal(body, &v)
 	}
-	seen := map[string]string{} // folded routing key → spelling seen first
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
+	sc := scanner{b: body}
+	if sc.next() != '{' {
+		return f, errors.New("want a JSON object")
+	}
+	sc.i++
+	seen := map[string]string{} // routing key → spelling seen first
+	for sc.next() != '}' {
+		if sc.b[sc.i] == ',' {
+			sc.i++
+			sc.next()
+		}
+		var key string
+		if err := json.Unmarshal(sc.value(), &key); err != nil {
 			return f, err
 		}
-		key := t.(string) // inside an object the decoder yields only string keys here
+		sc.next() // ':'
+		sc.i++
+		sc.next()
+		val := sc.value()
 		folded := ""
 		for _, name := range []string{"model", "stream"} {
-			if len(key) == len(name) && bytes.EqualFold([]byte(key), []byte(name)) {
+			if strings.EqualFold(key, name) {
 				folded = name
 			}
 		}
-		if folded != "" {
-			if prev, dup := seen[folded]; dup {
-				return f, fmt.Errorf("%w: %q and %q both given", errAmbiguous, prev, key)
-			}
-			seen[folded] = key
+		if folded == "" {
+			continue
 		}
+		if prev, dup := seen[folded]; dup {
+			return f, fmt.Errorf("%w: %q and %q both given", errAmbiguous, prev, key)
+		}
+		seen[folded] = key
+		var err error
 		switch key {
 		case "model":
-			err = dec.Decode(&f.Model)
+			err = json.Unmarshal(val, &f.Model)
 		case "stream":
-			err = dec.Decode(&f.Stream)
-		default:
-			err = dec.Decode(&skip{})
+			err = json.Unmarshal(val, &f.Stream)
 		}
 		if err != nil {
 			return f, err
 		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return f, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return f, errors.New("data after the JSON object")
 	}
 	for folded, spelling := range seen {
 		if folded != spelling {
@@ -80,11 +86,67 @@ func parseBody(body []byte) (requestFields, error) {
 	return f, nil
 }
 
-// skip consumes a JSON value without keeping it (the decoder still
-// validates it).
-type skip struct{}
+// scanner walks JSON already known to be valid.
+type scanner struct {
+	b []byte
+	i int
+}
 
-func (skip) UnmarshalJSON([]byte) error { return nil }
+// next skips whitespace and returns the byte there.
+func (s *scanner) next() byte {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
+	}
+	return s.b[s.i]
+}
+
+// value returns the value that starts at s.i and moves past it.
+func (s *scanner) value() []byte {
+	start, depth := s.i, 0
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '"':
+			s.skipString()
+			if depth == 0 {
+				return s.b[start:s.i]
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return s.b[start:s.i] // the end of the enclosing object
+			}
+			if depth--; depth == 0 {
+				s.i++
+				return s.b[start:s.i]
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return s.b[start:s.i] // the end of a number, true, false or null
+			}
+		}
+		s.i++
+	}
+	return s.b[start:]
+}
+
+// skipString moves past the string that starts at s.i, jumping from quote
+// to quote: a quote after an odd run of backslashes is escaped.
+func (s *scanner) skipString() {
+	s.i++
+	for {
+		q := s.i + bytes.IndexByte(s.b[s.i:], '"')
+		bs := 0
+		for k := q - 1; k >= s.i && s.b[k] == '\\'; k-- {
+			bs++
+		}
+		s.i = q + 1
+		if bs%2 == 0 {
+			return
+		}
+	}
+}
 
 // parseTimeout reads X-Request-Timeout: a Go duration ("30s", "1m30s") or
 // a number of seconds ("30", "2.5"). It must be positive, and stay so once

@@ -164,3 +164,27 @@ func TestRun_CheckFailsWhereTheStartWould(t *testing.T) {
 		})
 	}
 }
+
+// The daemon itself refuses a state_dir another user owns, before it
+// starts anything, naming the path, the owner and the mode.
+func TestRun_StartRefusesAForeignStateDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a directory away")
+	}
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(state, 65534, -1); err != nil {
+		t.Fatal(err)
+	}
+	path := writeConfig(t, "[agent]\nstate_dir = \""+state+"\"\nsupervisor = \"exec\"\n")
+	var stdout, stderr bytes.Buffer
+	err := run(options{configPath: path}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), state+": owner uid 65534, mode -rwxr-xr-x") {
+		t.Fatalf("start with a foreign state_dir: %v", err)
+	}
+	if entries, _ := os.ReadDir(state); len(entries) != 0 {
+		t.Errorf("napd wrote into the foreign state_dir: %v", entries)
+	}
+}
