@@ -90,6 +90,7 @@ type Agent struct {
 	measured    atomic.Pointer[measurement]
 	gpuReadings gpuReadings
 	statusKick  chan struct{}
+	room        *room
 	unrelieved  string         // the pressure last reported unrelieved (ticker goroutine only)
 	loops       sync.WaitGroup // model owner loops
 	helpers     sync.WaitGroup // ticker, status, engine events
@@ -126,6 +127,7 @@ func Run(ctx context.Context, opts Options) error {
 		hub:        newHub(),
 		notify:     notifier{log: log},
 		statusKick: make(chan struct{}, 1),
+		room:       newRoom(),
 	}
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
@@ -169,9 +171,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	a.helpers.Add(3)
+	a.helpers.Add(4)
 	go a.pumpEngineEvents()
 	go a.ticker(runCtx)
+	go a.roomLoop(runCtx)
 	go a.statusLoop(runCtx)
 	go a.notify.watchdog(runCtx, a.healthy)
 
@@ -546,6 +549,13 @@ func (a *Agent) kickStatus() {
 	case a.statusKick <- struct{}{}:
 	default:
 	}
+}
+
+// statusChanged is told of every model state change: the STATUS= line,
+// and the make-room desk (memory may be coming back).
+func (a *Agent) statusChanged() {
+	a.kickStatus()
+	a.room.poke()
 }
 
 // statusLoop keeps systemd's STATUS= line current, at most a few times a

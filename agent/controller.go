@@ -51,6 +51,9 @@ func (a *Agent) Status() control.Status {
 			Attempts: s.Lifecycle.Attempts, Footprint: a.footprint(s.Config),
 			Unit: a.sup.UnitName(s.Spec),
 		}
+		if holders := a.room.waitingFor(m.Name()); holders != "" {
+			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders
+		}
 		if ev.Active == 0 && !ev.Since.IsZero() {
 			since := ev.Since
 			row.IdleSince = &since

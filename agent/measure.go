@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +14,6 @@ import (
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
-	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
@@ -184,6 +182,8 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 			AllowUntracked: s.Config.AllowUntrackedUnload,
 			LastUsed:       s.LastUsed,
 			GPUBytes:       mm.gpuBytes,
+			YieldAfter:     s.Config.YieldAfter,
+			Learned:        s.Learned,
 		}
 		if s.Lifecycle.State == lifecycle.Unsupported {
 			pm.State = planner.StateAwake // serving; the machine re-checks the proof
@@ -269,12 +269,12 @@ func (a *Agent) act(in planner.Input, decisions []planner.Decision) {
 		if m == nil {
 			continue
 		}
-		reason := lifecycle.MemoryPressure
-		if d.Reason == planner.ReasonIdle {
-			reason = lifecycle.IdleTimeout
-		}
+		reason := sleepReason(d.Reason)
 		a.log.Info("planner decision", "model", d.Model, "decision", d)
 		a.metrics.Decisions.WithLabelValues(d.Model, string(d.Action), string(d.Reason)).Inc()
+		if reason == lifecycle.Demand {
+			a.metrics.Swaps.WithLabelValues(d.Model, string(d.Reason)).Inc()
+		}
 		a.publishEvent(controlDecision(d))
 		req := lifecycle.SleepRequest{Reason: reason, Strategy: d.Strategy, Cause: string(d.Reason)}
 		act := lifecycleEngine(engines[d.Model])
@@ -298,40 +298,6 @@ func (a *Agent) learnFootprints(in planner.Input) {
 		}
 		if err := a.footprints.Remember(m.Name, sum); err != nil {
 			a.log.Warn("remembering footprint", "model", m.Name, "err", err)
-		}
-	}
-}
-
-// makeRoom is fit-before-wake: it returns once the model fits in the free
-// memory of its GPUs, after putting idle models there to sleep and waiting
-// until the GPUs show the memory back; or a 503 Refusal naming what holds
-// the memory when it cannot fit; or ctx's error.
-func (a *Agent) makeRoom(ctx context.Context, name string) error {
-	asked := make(map[string]bool)
-	for {
-		ms := a.measure(ctx)
-		in := a.plannerInput(ms)
-		p := planner.PlanWake(in, name)
-		switch p.Outcome {
-		case planner.WakeFits:
-			return nil
-		case planner.WakeRefused:
-			a.log.Warn("wake refused: not enough GPU memory", "model", name, "why", p.Message)
-			return &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "insufficient_gpu_memory",
-				Message: p.Message, RetryAfter: 30 * time.Second}
-		}
-		var fresh []planner.Decision
-		for _, v := range p.Victims {
-			if !asked[v.Model] {
-				asked[v.Model] = true
-				fresh = append(fresh, v)
-			}
-		}
-		a.act(in, fresh)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }

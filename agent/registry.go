@@ -11,6 +11,7 @@ import (
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/gateway"
@@ -104,9 +105,11 @@ func (a *Agent) modelDeps() model.Deps {
 		Supervisor:    a.sup,
 		Metrics:       a.metrics,
 		Emit:          a.hub.publish,
-		StatusChanged: a.kickStatus,
+		StatusChanged: a.statusChanged,
 		Clock:         a.clock,
 		MakeRoom:      a.makeRoom,
+		WaitingFor:    a.room.waitingFor,
+		Idle:          a.room.poke,
 		Log:           a.log,
 		Ctx:           a.ctx,
 	}
@@ -302,10 +305,30 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
 		s := m.Snapshot()
-		out = append(out, gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: s.Lifecycle.Reason,
-			Serving: s.Lifecycle.State.Serving()})
+		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: s.Lifecycle.Reason,
+			Serving: s.Lifecycle.State.Serving()}
+		if holders := g.agent().room.waitingFor(m.Name()); holders != "" {
+			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders
+		}
+		out = append(out, info)
 	}
 	return out
+}
+
+// Progress implements gateway.Progress for models with wake_progress:
+// what a request waits for, for the comments of an early-committed stream.
+func (g *gatewayModels) Progress(model string) (string, bool) {
+	m, ok := g.agent().reg.Load().byName[model]
+	if !ok || !m.Snapshot().Config.WakeProgress {
+		return "", false
+	}
+	if holders := g.agent().room.waitingFor(model); holders != "" {
+		return model + " waits for GPU memory held by " + holders, true
+	}
+	if m.Snapshot().Lifecycle.State == lifecycle.Waking {
+		return "waking " + model, true
+	}
+	return "queued for " + model, true
 }
 
 // Admit implements gateway.Models.

@@ -9,7 +9,10 @@
 //  3. wake: how soon after its engine turns healthy a waiting request is
 //     answered;
 //  4. recording: what the request metrics and the token counting add to
-//     each request, against napd's CPU per request from 1.
+//     each request, against napd's CPU per request from 1;
+//  5. swaps: two models that do not fit on the GPU together (a fake
+//     nvidia-smi), clients asking for a random one, napd's scheduling
+//     against a naive swap-per-request policy.
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
@@ -21,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -38,6 +42,9 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 16, "concurrent clients for the throughput figures")
 	flag.DurationVar(&o.throughputFor, "throughput-for", 2*time.Second, "duration of each throughput round")
 	flag.IntVar(&o.streams, "streams", 2000, "streams held open at once for the memory figure")
+	flag.IntVar(&o.swapClients, "swap-clients", 8, "concurrent clients of the swap workload")
+	flag.IntVar(&o.swapRequests, "swap-requests", 25, "requests per client of the swap workload")
+	flag.BoolVar(&o.swapsOnly, "swaps-only", false, "run only the swap workload and print its figures")
 	flag.Parse()
 	if *engine {
 		if err := runEngine(ef); err != nil {
@@ -60,9 +67,24 @@ type options struct {
 	workers       int
 	throughputFor time.Duration
 	streams       int
+	swapClients   int
+	swapRequests  int
+	swapsOnly     bool
 }
 
 func run(o options) error {
+	if o.swapsOnly {
+		r := &report{swapClients: o.swapClients, swapEach: o.swapRequests}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := r.runSwaps(ctx, o, func(string) func() { return func() {} }); err != nil {
+			return err
+		}
+		var b strings.Builder
+		r.swapMarkdown(&b)
+		fmt.Print(b.String())
+		return nil
+	}
 	// Thousands of streams need thousands of descriptors here, in napd
 	// (which inherits this limit) and in the engine.
 	var lim syscall.Rlimit
@@ -81,7 +103,8 @@ func run(o options) error {
 	defer n.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	r := &report{machine: describeMachine(), streamsWanted: o.streams, workers: o.workers}
+	r := &report{machine: describeMachine(), streamsWanted: o.streams, workers: o.workers,
+		swapClients: o.swapClients, swapEach: o.swapRequests}
 	direct := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.enginePort)
 	viaNapd := "http://" + n.addr + "/v1/chat/completions"
 
@@ -151,6 +174,10 @@ func run(o options) error {
 	}
 	done()
 
+	if err := r.runSwaps(ctx, o, step); err != nil {
+		return err
+	}
+
 	md := r.markdown()
 	fmt.Print(md)
 	if o.out != "" {
@@ -158,6 +185,21 @@ func run(o options) error {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "bench: figures written to %s\n", o.out)
+	}
+	return nil
+}
+
+// runSwaps runs the swap workload under napd and under the naive policy.
+func (r *report) runSwaps(ctx context.Context, o options, step func(string) func()) error {
+	r.swapLoad = describeMachine().load
+	for _, naive := range []bool{false, true} {
+		done := step(fmt.Sprintf("swaps, naive=%t", naive))
+		f, err := runSwaps(ctx, o.bin, o.swapClients, o.swapRequests, naive)
+		if err != nil {
+			return fmt.Errorf("swaps: %w", err)
+		}
+		r.swaps = append(r.swaps, f)
+		done()
 	}
 	return nil
 }

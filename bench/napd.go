@@ -60,17 +60,8 @@ func startNapd(binDir, self string) (*napd, error) {
 		socket: filepath.Join(dir, "control.sock"), exited: make(chan struct{}),
 	}
 	var cfg strings.Builder
-	fmt.Fprintf(&cfg, `[agent]
-supervisor = "exec"
-state_dir = %q
-control_socket = %q
-metrics_listen = ""
-log_level = "info"
-
-[gateway]
-listen = [%q]
-request_timeout = "5m"
-
+	cfg.WriteString(n.baseConfig("5m"))
+	fmt.Fprintf(&cfg, `
 [policy]
 idle_timeout = "0"
 wake_timeout = "30s"
@@ -88,7 +79,7 @@ port = %d
 sleep = "stop"
 max_concurrency = 4096
 queue = 4096
-`, filepath.Join(dir, "state"), n.socket, n.addr, self, n.enginePort, filepath.Join(binDir, "napd-demo-engine"), n.demoPort)
+`, self, n.enginePort, filepath.Join(binDir, "napd-demo-engine"), n.demoPort)
 	for _, d := range wakeDelays {
 		fmt.Fprintf(&cfg, `
 [models.%q]
@@ -96,22 +87,48 @@ command = [%q, "-engine", "-port", "${PORT}", "-startup-delay", %q, "-ready-file
 sleep = "stop"
 `, wakeModel(d), self, d.String(), n.readyFile(d))
 	}
-	path := filepath.Join(dir, "napd.toml")
-	if err := os.WriteFile(path, []byte(cfg.String()), 0o644); err != nil {
+	if err := n.launch(binDir, cfg.String(), nil); err != nil {
 		return nil, err
 	}
+	return n, nil
+}
+
+// baseConfig is the [agent] and [gateway] tables of a bench napd in n.dir:
+// exec supervisor, no metrics, the gateway on n.addr.
+func (n *napd) baseConfig(requestTimeout string) string {
+	return fmt.Sprintf(`[agent]
+supervisor = "exec"
+state_dir = %q
+control_socket = %q
+metrics_listen = ""
+log_level = "info"
+
+[gateway]
+listen = [%q]
+request_timeout = %q
+`, filepath.Join(n.dir, "state"), n.socket, n.addr, requestTimeout)
+}
+
+// launch writes cfg into n.dir and runs napd from binDir on it, with env
+// added to its environment, until its gateway answers /health.
+func (n *napd) launch(binDir, cfg string, env []string) error {
+	path := filepath.Join(n.dir, "napd.toml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return err
+	}
 	n.cmd = exec.Command(filepath.Join(binDir, "napd"), "--config", path)
+	n.cmd.Env = append(os.Environ(), env...)
 	n.cmd.Stdout, n.cmd.Stderr = &n.log, &n.log
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start napd: %w", err)
+		return fmt.Errorf("start napd: %w", err)
 	}
 	go func() { _ = n.cmd.Wait(); close(n.exited) }()
 	if err := n.waitHealthy(15 * time.Second); err != nil {
 		n.stop()
-		return nil, err
+		return err
 	}
-	return n, nil
+	return nil
 }
 
 func (n *napd) waitHealthy(within time.Duration) error {

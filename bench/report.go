@@ -17,6 +17,7 @@ const (
 	targetChunk       = time.Millisecond
 	targetRSS         = 200 << 20
 	targetWake        = 50 * time.Millisecond
+	targetSwapShare   = 50 * time.Millisecond
 )
 
 // machine is what the figures were taken on.
@@ -66,6 +67,9 @@ type report struct {
 	rssIdle, rssStreams, rssPeak int64
 	wakes                        []wakeFigure
 	record                       recordFigures
+	swaps                        []swapFigures
+	swapClients, swapEach        int
+	swapLoad                     string // load average when the swaps ran
 }
 
 func met(ok bool) string {
@@ -169,5 +173,46 @@ with it. The model is put to sleep again between rows.
 
 `)
 	r.recordingMarkdown(&b)
+	r.swapMarkdown(&b)
 	return strings.TrimRight(b.String(), "\n") + "\n"
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
+
+// swapMarkdown renders the swap workload's figures.
+func (r *report) swapMarkdown(b *strings.Builder) {
+	if len(r.swaps) == 0 {
+		return
+	}
+	fmt.Fprintf(b, `
+## Swaps: two models that do not fit together
+
+| policy | requests | failed | requests/s | swaps | p50 latency | p99 latency |
+|---|---|---|---|---|---|---|
+`)
+	for _, f := range r.swaps {
+		fmt.Fprintf(b, "| %s | %d | %d | %.1f | %d | %s | %s |\n", f.policy, f.requests, f.failed,
+			float64(f.requests-f.failed)/f.elapsed.Seconds(), f.swaps, ms(f.lat.median), ms(f.lat.p99))
+	}
+	for _, f := range r.swaps {
+		if f.firstErr != nil {
+			fmt.Fprintf(b, "\n%s: the first failure: %v\n", f.policy, f.firstErr)
+		}
+	}
+	napd := r.swaps[0]
+	fmt.Fprintf(b, `
+napd's share of a swap, from the holder's last answered byte to the waiting
+model's engine start: median %s, p99 %s (target < 50 ms: %s). Of that, from
+the holder's engine exit to the start: median %s, p99 %s.
+
+Two 16 GiB models on a 24 GiB GPU (the fake nvidia-smi of tests/planner,
+which reports the memory of the napd-demo-engine processes napd runs), %d
+clients each sending %d small chat requests for a random one of the two
+(same seed in both runs), load average %s when they started. The naive policy is the bench itself putting the
+loaded model to sleep (napctl sleep) before every request for the other one,
+one request at a time in arrival order, as a proxy that swaps per request
+does. napd's figures include its GPU measurement before each wake
+(nvidia-smi), which a real driver answers in tens of milliseconds.
+`, ms(napd.napdShare.median), ms(napd.napdShare.p99), met(napd.napdShare.median < targetSwapShare),
+		ms(napd.stopGap.median), ms(napd.stopGap.p99), r.swapClients, r.swapEach, r.swapLoad)
 }

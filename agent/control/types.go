@@ -58,6 +58,10 @@ type ModelStatus struct {
 	GPUBytes map[string]int64 `json:"gpu_memory_bytes,omitempty"`
 	// Footprint is the expected GPU footprint (configured or learned).
 	Footprint int64 `json:"footprint_bytes,omitempty"`
+	// RoomWaiting is how many requests wait for the model's wake to get
+	// GPU memory, and WaitingFor the holders of that memory.
+	RoomWaiting int    `json:"room_waiting,omitempty"`
+	WaitingFor  string `json:"waiting_for,omitempty"`
 }
 
 // HostMemory is the host's memory figures; zero-valued fields were not measured.

@@ -82,6 +82,7 @@ func (m *Machine) Snapshot() Snapshot {
 		Attempts: m.attempts, Budget: m.policy.WakeAttempts, LastWake: m.lastWake,
 		// A wake's clock stops only while it waits for room.
 		RoomWait: m.state == Waking && m.wakeDeadline.IsZero(),
+		Yielding: m.state == Draining && m.sleep.Reason == Demand,
 	}
 }
 
@@ -224,6 +225,19 @@ func (m *Machine) WakeAborted(now time.Time, op Op, why string) Decision {
 	m.op = 0
 	m.set(now, Sleeping, "wake refused: "+why)
 	return Decision{Reason: m.reason}
+}
+
+// CancelYield takes back a Demand sleep whose drain has not issued its
+// sleep yet, because nobody waits for the memory any more: the model is
+// awake again and the caller admits the requests queued behind the drain
+// (AbandonDrain).
+func (m *Machine) CancelYield(now time.Time) Decision {
+	if m.state != Draining || m.op != 0 || m.sleep.Reason != Demand {
+		return Decision{}
+	}
+	why := "yield cancelled: nobody waits for its memory any more"
+	m.set(now, Awake, why)
+	return Decision{Action: AbandonDrain, Reason: why}
 }
 
 // WaitingForRoom records that wake op waits for GPU memory before it

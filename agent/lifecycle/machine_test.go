@@ -753,3 +753,25 @@ func TestMachine_RoomWaitStopsTheWakeClock(t *testing.T) {
 		t.Fatalf("attempts = %d, want 1 after the timeout", s.Attempts)
 	}
 }
+
+// A yield nobody needs any more is taken back before its sleep is issued:
+// the model serves again; once the sleep call is out it is too late.
+func TestMachine_CancelYield(t *testing.T) {
+	b := newBox(t, policy, lifecycle.ReportServing)
+	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.Demand}, lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineBusy})
+	if !b.m.Snapshot().Yielding {
+		t.Fatal("a Demand drain is not shown as yielding")
+	}
+	want(t, b.m.CancelYield(b.now), lifecycle.AbandonDrain)
+	if s := b.wantState(lifecycle.Awake); s.Yielding {
+		t.Fatal("still yielding after the cancel")
+	}
+	want(t, b.m.CancelYield(b.now), lifecycle.None)
+
+	// An operator drain is not a yield: not cancelled.
+	b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.Operator}, lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineIdle})
+	want(t, b.m.CancelYield(b.now), lifecycle.None)
+	b.wantState(lifecycle.Draining)
+	b.finish(stream, lease.Outcome{})
+}

@@ -310,4 +310,8 @@ type Snapshot struct {
 	// RoomWait: Waking, but the wake waits for GPU memory other models
 	// hold (WaitingForRoom) and has not started.
 	RoomWait bool
+	// Yielding: draining for a Demand sleep. Requests arriving are queued
+	// for the wake after it, and the drain waits only for the requests in
+	// flight.
+	Yielding bool
 }

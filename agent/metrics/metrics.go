@@ -52,6 +52,9 @@ type Metrics struct {
 	Requests   *prometheus.CounterVec   // model, client, code
 	Decisions  *prometheus.CounterVec   // model, action, reason
 	Reloads    *prometheus.CounterVec   // result
+	RoomWaits  *prometheus.CounterVec   // model
+	RoomWait   *prometheus.HistogramVec // model
+	Swaps      *prometheus.CounterVec   // model, reason
 	snapshotFn func() Snapshot
 
 	// Per request, by model, kind and stream.
@@ -59,6 +62,10 @@ type Metrics struct {
 	// By model and client.
 	promptTokens, completionTokens *prometheus.CounterVec
 }
+
+// waitBuckets are the buckets (seconds) of a wake and of a wait for GPU
+// memory: from a sleeping engine's resume to a large model's cold load.
+var waitBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
 // RequestBuckets are the request histograms' buckets (seconds): from a
 // cached embedding (10 ms) to a long generation behind a cold wake (10 min).
@@ -82,7 +89,7 @@ func New(snapshot func() Snapshot) *Metrics {
 		WakeTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "napd_wake_duration_seconds",
 			Help:    "Time from the start of a wake to a verified healthy engine.",
-			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
+			Buckets: waitBuckets,
 		}, []string{"model"}),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "napd_requests_total",
@@ -94,6 +101,17 @@ func New(snapshot func() Snapshot) *Metrics {
 		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "napd_config_reloads_total", Help: "Configuration reloads by result (ok, invalid).",
 		}, []string{"result"}),
+		RoomWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "napd_room_waits_total", Help: "Wakes that had to wait for GPU memory held by other models, by the waiting model.",
+		}, []string{"model"}),
+		RoomWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "napd_room_wait_seconds",
+			Help:    "How long a wake waited for GPU memory, until it fitted, was refused or its requests left.",
+			Buckets: waitBuckets,
+		}, []string{"model"}),
+		Swaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "napd_swaps_total", Help: "Models put to sleep for another model waiting for their memory, by reason (make-room: idle, yield: busy).",
+		}, []string{"model", "reason"}),
 		snapshotFn: snapshot,
 		duration: requestHistogram("napd_request_duration_seconds",
 			"Admitted requests: time from arrival to the last byte of the answer."),
@@ -110,7 +128,7 @@ func New(snapshot func() Snapshot) *Metrics {
 			Name: "napd_completion_tokens_total", Help: "Completion tokens by model and client, from the engine's usage object.",
 		}, []string{"model", "client"}),
 	}
-	m.reg.MustRegister(m.Wakes, m.Sleeps, m.WakeTime, m.Requests, m.Decisions, m.Reloads,
+	m.reg.MustRegister(m.Wakes, m.Sleeps, m.WakeTime, m.Requests, m.Decisions, m.Reloads, m.RoomWaits, m.RoomWait, m.Swaps,
 		m.duration, m.firstByte, m.queueWait, m.wakeWait, m.promptTokens, m.completionTokens,
 		(*gauges)(m),
 		collectors.NewGoCollector(),
@@ -125,10 +143,10 @@ func (m *Metrics) Handler() http.Handler {
 
 // Forget drops the counters of a model removed by a reload.
 func (m *Metrics) Forget(model string) {
-	for _, v := range []*prometheus.CounterVec{m.Wakes, m.Sleeps, m.Requests, m.Decisions, m.promptTokens, m.completionTokens} {
+	for _, v := range []*prometheus.CounterVec{m.Wakes, m.Sleeps, m.Requests, m.Decisions, m.promptTokens, m.completionTokens, m.RoomWaits, m.Swaps} {
 		v.DeletePartialMatch(prometheus.Labels{"model": model})
 	}
-	for _, v := range []*prometheus.HistogramVec{m.WakeTime, m.duration, m.firstByte, m.queueWait, m.wakeWait} {
+	for _, v := range []*prometheus.HistogramVec{m.WakeTime, m.duration, m.firstByte, m.queueWait, m.wakeWait, m.RoomWait} {
 		v.DeletePartialMatch(prometheus.Labels{"model": model})
 	}
 }

@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -17,12 +18,14 @@ import (
 // waiter is one admitted-lease request waiting for a grant. The loop owns
 // every field but reply, which the requesting goroutine reads.
 type waiter struct {
-	id      lease.ID
-	client  string // the API key's name: whose turn it is, under fair_share
-	arrived time.Time
-	reply   chan grant // buffered 1: the loop never blocks on it
-	granted bool
-	woke    bool // it waited for a wake
+	id        lease.ID
+	client    string // the API key's name: whose turn it is, under fair_share
+	arrived   time.Time
+	deadline  time.Time  // the request's deadline; zero = none
+	reply     chan grant // buffered 1: the loop never blocks on it
+	granted   bool
+	grantedAt time.Time
+	woke      bool // it waited for a wake
 }
 
 type grant struct {
@@ -61,6 +64,7 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 		}
 	}
 	w := &waiter{id: adm.ID, client: a.Client, arrived: m.now(), reply: make(chan grant, 1)}
+	w.deadline, _ = ctx.Deadline()
 	if !m.do(func() { m.arrive(w) }) {
 		m.end(w, gateway.Outcome{Cancelled: true})
 		return nil, m.removed()
@@ -86,8 +90,21 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 		// The loop may have granted it meanwhile: withdraw settles either way.
 		m.do(func() { m.withdraw(w) })
 		m.end(w, gateway.Outcome{Cancelled: true})
+		if holders := m.waitingFor(); holders != "" && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, &gateway.Refusal{Status: http.StatusGatewayTimeout, Code: "timeout",
+				Message: fmt.Sprintf("model %s: the request deadline ran out while waiting for GPU memory held by %s", m.name, holders)}
+		}
 		return nil, ctx.Err()
 	}
+}
+
+// waitingFor names the holders of the GPU memory the model's wake waits
+// for; "" when it does not wait.
+func (m *Model) waitingFor() string {
+	if m.d.WaitingFor == nil {
+		return ""
+	}
+	return m.d.WaitingFor(m.name)
 }
 
 // end releases w's lease and, on the loop, its slot.
@@ -98,14 +115,20 @@ func (m *Model) end(w *waiter, o gateway.Outcome) {
 	}
 	now := m.now()
 	ended, _ := m.d.Tracker.End(now, w.id, out)
+	if ended.Idle && m.d.Idle != nil {
+		m.d.Idle()
+	}
 	m.do(func() {
 		if w.granted {
 			w.granted = false
 			m.active--
+			m.requests.Add(now.Sub(w.grantedAt))
 		}
 		m.lastUsed = now
-		if ended.Idle {
-			m.apply(m.machine.LastLeaseEnded(m.now(), m.evidence()), nil)
+		// A yielding model's drain ends with its last request in flight,
+		// though the requests queued behind it still hold leases.
+		if ev := m.drainEvidence(); ended.Idle || (ev.Active == 0 && m.machine.Snapshot().Yielding) {
+			m.apply(m.machine.LastLeaseEnded(m.now(), ev), nil)
 		}
 		m.dispatch()
 		m.afterIdle()
@@ -216,7 +239,7 @@ func (m *Model) nextQueued() int {
 }
 
 func (m *Model) grant(w *waiter) {
-	w.granted = true
+	w.granted, w.grantedAt = true, m.now()
 	m.active++
 	m.turn = w.client
 	g := grant{target: m.eng.target, tr: m.eng.link.Transport(), served: m.cfg.ServedName}

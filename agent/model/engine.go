@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lifecycle"
-	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -38,6 +38,7 @@ func (m *Model) apply(d lifecycle.Decision, w *waiter) {
 	case lifecycle.AdmitWaiting:
 		m.d.Metrics.Wakes.WithLabelValues(m.name, "ok").Inc()
 		lc := m.machine.Snapshot()
+		m.wakes.Add(lc.LastWake)
 		m.d.Metrics.WakeTime.WithLabelValues(m.name).Observe(lc.LastWake.Seconds())
 		m.emit(control.Event{Kind: "wake", Reason: d.Reason, WakeMs: lc.LastWake.Milliseconds()})
 		m.dispatch()
@@ -55,8 +56,11 @@ func (m *Model) apply(d lifecycle.Decision, w *waiter) {
 }
 
 // startWake runs one wake attempt off the loop and reports back with op.
+// It first waits for GPU memory (MakeRoom), bounded by the waiting
+// requests' deadlines and cancelled with the wake; wake_timeout counts
+// from when room is found.
 func (m *Model) startWake(op lifecycle.Op, attempt int) {
-	ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.WakeTimeout)
+	roomCtx, cancel := context.WithCancel(m.d.Ctx)
 	m.wakeStop, m.wakeOp = cancel, op
 	m.wokeAt = m.now()
 	spec := m.spec
@@ -66,15 +70,28 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	m.log.Info("waking", "attempt", attempt, "of", m.cfg.WakeAttempts)
 	go func() {
 		defer cancel()
-		m.opMu.Lock()
-		err := m.d.MakeRoom(ctx, m.name)
-		var noRoom *gateway.Refusal
-		if errors.As(err, &noRoom) {
-			m.opMu.Unlock()
-			m.do(func() { m.noRoom(op, noRoom) })
+		var waited atomic.Bool
+		err := m.d.MakeRoom(roomCtx, m.name, func(holders string) {
+			waited.Store(true)
+			m.do(func() {
+				m.machine.WaitingForRoom(m.now(), op, "held by "+holders)
+				m.noteState()
+				m.publish()
+			})
+		})
+		switch {
+		case err != nil && roomCtx.Err() != nil:
+			return // the machine gave up on this wake (or napd stops)
+		case err != nil:
+			m.do(func() { m.noRoom(op, err) })
 			return
+		case waited.Load():
+			m.do(func() { m.machine.RoomFound(m.now(), op); m.noteState(); m.publish() })
 		}
-		if err == nil && stale {
+		ctx, stop := context.WithTimeout(roomCtx, m.cfg.WakeTimeout)
+		defer stop()
+		m.opMu.Lock()
+		if stale {
 			m.log.Info("stopping an engine that stopped answering, before waking it")
 			m.stopEngine(spec)
 			// The wake proper starts now: the exit of the engine just
@@ -86,9 +103,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 				}
 			})
 		}
-		if err == nil {
-			err = m.d.Supervisor.WakeVerified(ctx, spec, verify)
-		}
+		err = m.d.Supervisor.WakeVerified(ctx, spec, verify)
 		if err != nil {
 			m.d.Metrics.Wakes.WithLabelValues(m.name, wakeResult(err)).Inc()
 			var exit *supervisor.ExitError
@@ -124,16 +139,17 @@ func (m *Model) stopEngine(spec supervisor.Spec) {
 	}
 }
 
-// noRoom handles a wake that cannot fit in GPU memory: not the engine's
-// fault, so no attempt is spent; the waiting requests get the 503 that
-// names what holds the memory.
-func (m *Model) noRoom(op lifecycle.Op, r *gateway.Refusal) {
+// noRoom handles a wake that does not go ahead for want of GPU memory: not
+// the engine's fault, so no attempt is spent. err is the 503 that names
+// what holds the memory, for the waiting requests, or why nobody waits.
+func (m *Model) noRoom(op lifecycle.Op, err error) {
 	if op != m.wakeOp || m.wakeStop == nil {
 		return // the machine gave up on this wake: its queue belongs to another
 	}
+	m.wakeStop()
 	m.wakeStop = nil
-	m.refuseQueue(r)
-	m.apply(m.machine.WakeAborted(m.now(), op, r.Message), nil)
+	m.refuseQueue(err)
+	m.apply(m.machine.WakeAborted(m.now(), op, err.Error()), nil)
 	m.publish()
 }
 

@@ -96,6 +96,12 @@ func specFor(cfg *config.Model, port int) supervisor.Spec {
 // newRig starts a model whose engine the supervisor finds in state found.
 func newRig(t *testing.T, found supervisor.Observed, tune func(*config.Model)) *rig {
 	t.Helper()
+	return newRigWith(t, found, tune, nil)
+}
+
+// newRigWith is newRig with deps changed by with (e.g. MakeRoom).
+func newRigWith(t *testing.T, found supervisor.Observed, tune func(*config.Model), with func(*Deps)) *rig {
+	t.Helper()
 	cfg := testConfig("m")
 	if tune != nil {
 		tune(cfg)
@@ -107,16 +113,20 @@ func newRig(t *testing.T, found supervisor.Observed, tune func(*config.Model)) *
 		events: make(chan control.Event, 1024),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r.m = New(Deps{
+	d := Deps{
 		Tracker:    lease.NewTracker(lease.Options{}),
 		Supervisor: r.sup,
 		Metrics:    metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }),
 		Emit:       func(e control.Event) { r.events <- e },
 		Clock:      r.clock.Now,
-		MakeRoom:   func(context.Context, string) error { return nil },
+		MakeRoom:   func(context.Context, string, func(string)) error { return nil },
 		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Ctx:        ctx,
-	}, cfg, specFor(cfg, 8001))
+	}
+	if with != nil {
+		with(&d)
+	}
+	r.m = New(d, cfg, specFor(cfg, 8001))
 	go r.m.Run()
 	t.Cleanup(func() {
 		cancel()
@@ -615,4 +625,91 @@ func TestAdmissionFairShare(t *testing.T) {
 	if got := strings.Join(fairOrder(t, true, two...), " "); got != "bob carol alice bob alice bob alice" {
 		t.Errorf("fair share, two bursts: %q", got)
 	}
+}
+
+// yieldWithOneQueued has an awake model yield (a Demand sleep) with one
+// request in flight, and another arrive during the yield.
+func (r *rig) yieldWithOneQueued() (inFlight *gateway.Ticket, late *admission) {
+	r.t.Helper()
+	inFlight = r.granted(r.admit(context.Background()))
+	r.m.RequestSleep(lifecycle.SleepRequest{Reason: lifecycle.Demand, Cause: "yield"}, lifecycle.EngineBusy)
+	r.until("yielding", func(s Snapshot) bool { return s.Lifecycle.Yielding })
+	late = r.admit(context.Background())
+	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
+	return inFlight, late
+}
+
+// A busy holder yields (a Demand sleep): requests arriving meanwhile are
+// queued, not refused nor admitted; the sleep is issued once the request in
+// flight ends, although the queued one holds a lease; then the queued one
+// wakes the model again and is served.
+func TestYieldQueuesArrivalsAndDrainsTheRequestInFlight(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.Queue = 4 })
+	inFlight, late := r.yieldWithOneQueued()
+	if !late.pending() {
+		t.Fatal("a request arriving during the yield was answered before the sleep")
+	}
+	r.noCall() // the request in flight is not cut
+	r.clock.Advance(2 * time.Second)
+	inFlight.Done(gateway.Outcome{})
+	sl := r.next("sleep")
+	r.sync()
+	if got := r.m.Snapshot().Learned.Request; got != 2*time.Second {
+		t.Errorf("learned request time %s, want 2s", got)
+	}
+	sl.reply <- nil
+	w := r.next("wake") // the queued request wakes the model again
+	w.reply <- nil
+	r.granted(late).Done(gateway.Outcome{})
+	r.expect(lifecycle.Awake)
+}
+
+// A yield nobody needs any more is cancelled: the queued request is served
+// by the engine still running, and nothing sleeps.
+func TestCancelYieldServesTheQueue(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.Queue = 4 })
+	inFlight, late := r.yieldWithOneQueued()
+	r.m.CancelYield()
+	r.expect(lifecycle.Awake)
+	inFlight.Done(gateway.Outcome{})
+	r.granted(late).Done(gateway.Outcome{})
+	r.noCall()
+}
+
+// A wake waiting for GPU memory says for whom in its state's reason; a
+// request whose deadline runs out meanwhile gets 504 naming the holders;
+// when its requests have left, the wake is given up without an attempt.
+func TestRoomWaitEndsIn504NamingTheHolders(t *testing.T) {
+	left := make(chan struct{})
+	r := newRigWith(t, supervisor.Stopped, nil, func(d *Deps) {
+		d.MakeRoom = func(ctx context.Context, _ string, waiting func(string)) error {
+			waiting("busy a (16.0 GiB)")
+			select {
+			case <-left:
+				return errors.New("its requests left while it waited for GPU memory")
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		d.WaitingFor = func(string) string { return "busy a (16.0 GiB)" }
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	a := r.admit(ctx)
+	r.until("waiting for room", func(s Snapshot) bool { return s.Lifecycle.RoomWait })
+	if reason := r.m.Snapshot().Lifecycle.Reason; !strings.Contains(reason, "held by busy a") {
+		t.Errorf("reason %q", reason)
+	}
+	_, err := a.result(t)
+	var ref *gateway.Refusal
+	if !errors.As(err, &ref) || ref.Status != http.StatusGatewayTimeout ||
+		!strings.Contains(ref.Message, "waiting for GPU memory held by busy a (16.0 GiB)") {
+		t.Fatalf("admission: %v, want 504 naming a", err)
+	}
+	close(left)
+	r.until("asleep again", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Sleeping })
+	if s := r.m.Snapshot().Lifecycle; s.Attempts != 0 {
+		t.Errorf("a room wait spent %d wake attempts", s.Attempts)
+	}
+	r.noCall()
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/metrics"
+	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
 )
@@ -72,10 +73,19 @@ type Deps struct {
 	// machine or the tracker comes from it.
 	Clock func() time.Time
 	// MakeRoom is the planner's fit-before-wake: it returns once the model
-	// fits in GPU memory, or a *gateway.Refusal when it cannot, or ctx's
-	// error. It runs on the wake's goroutine, never on the loop.
-	MakeRoom func(ctx context.Context, model string) error
-	Log      *slog.Logger
+	// fits in GPU memory; or a *gateway.Refusal when room can never appear
+	// in time, or another error when the wake is not to go ahead (its
+	// requests left), or ctx's error. While the model waits for room,
+	// waiting is told what for (the holders), on changes only. It runs on
+	// the wake's goroutine, never on the loop, and returns when ctx ends.
+	MakeRoom func(ctx context.Context, model string, waiting func(holders string)) error
+	// WaitingFor names the holders of the GPU memory the model's wake
+	// waits for, "" when it does not wait (for a 504's message).
+	WaitingFor func(model string) string
+	// Idle is told when the model's last lease ended: a model waiting for
+	// its memory may now have it put to sleep. It must not block.
+	Idle func()
+	Log  *slog.Logger
 	// Ctx is napd's lifetime: engine operations in flight end with it.
 	Ctx context.Context
 }
@@ -115,6 +125,8 @@ type Model struct {
 	clearing bool               // the wake in flight is stopping such an engine first: its exit is not news
 	seen     lifecycle.Snapshot // the state last announced
 	sleepers []chan error       // operator sleeps waiting for their outcome
+	wakes    planner.Recent     // durations of the recent verified wakes
+	requests planner.Recent     // durations of the recent granted requests
 }
 
 // instance is one engine as requests reach it: the spec it was started
@@ -139,6 +151,12 @@ type Snapshot struct {
 	QueueDepth int
 	Active     int       // granted requests
 	LastUsed   time.Time // end of the last lease (or the model's creation)
+	// Oldest and Deadline are the arrival and the deadline of the request
+	// queued longest (zero when none): its wake's turn for GPU memory.
+	Oldest, Deadline time.Time
+	// Learned is the typical duration of the model's recent wakes and
+	// requests.
+	Learned planner.Learned
 }
 
 // New returns the model for cfg, whose engine is started with spec. Its
@@ -275,6 +293,17 @@ func (m *Model) evidence() lease.Evidence {
 	return ev
 }
 
+// drainEvidence is the lease evidence a drain waits on: a yielding model's
+// queued requests hold leases but wait for the wake after its sleep, so
+// only the requests in flight count.
+func (m *Model) drainEvidence() lease.Evidence {
+	ev := m.evidence()
+	if m.machine.Snapshot().Yielding {
+		ev.Active = m.active
+	}
+	return ev
+}
+
 // closeLinks ends the engine links when the loop ends.
 func (m *Model) closeLinks() {
 	m.eng.link.Close()
@@ -288,7 +317,7 @@ func (m *Model) closeLinks() {
 // Tick has the loop check the machine's deadlines (drain, wake).
 func (m *Model) Tick() {
 	m.do(func() {
-		m.apply(m.machine.Tick(m.now(), m.evidence()), nil)
+		m.apply(m.machine.Tick(m.now(), m.drainEvidence()), nil)
 		m.publish()
 	})
 }
@@ -303,6 +332,15 @@ func (m *Model) EngineExited(reason string, at time.Time) {
 // the machine has the last word. It does not wait.
 func (m *Model) RequestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity) {
 	m.do(func() { m.requestSleep(req, engine) })
+}
+
+// CancelYield takes back a yield nobody waits for any more: the model
+// serves the requests queued behind it.
+func (m *Model) CancelYield() {
+	m.do(func() {
+		m.apply(m.machine.CancelYield(m.now()), nil)
+		m.publish()
+	})
 }
 
 // Reset is the operator's reset of a failed model.
@@ -344,10 +382,15 @@ func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.Engine
 // ---- publishing ----
 
 func (m *Model) publish() {
-	m.snap.Store(&Snapshot{
+	s := &Snapshot{
 		Config: m.cfg, Spec: m.spec, Lifecycle: m.machine.Snapshot(),
 		QueueDepth: len(m.queue), Active: m.active, LastUsed: m.lastUsed,
-	})
+		Learned: planner.Learned{Wake: m.wakes.Typical(), Request: m.requests.Typical()},
+	}
+	if len(m.queue) > 0 {
+		s.Oldest, s.Deadline = m.queue[0].arrived, m.queue[0].deadline
+	}
+	m.snap.Store(s)
 }
 
 // noteState announces a state change (log, event, STATUS) once, and

@@ -1,5 +1,5 @@
-// Package planner decides which models to put to sleep and whether a wake
-// fits in GPU memory. It is pure: evidence (leases, engine metrics, memory
+// Package planner decides which models to put to sleep, and how models
+// waiting to wake take turns for GPU memory (PlanRoom). It is pure: evidence (leases, engine metrics, memory
 // figures, the time) goes in, decisions with their reasons and the figures
 // they used come out. It owns no clock, socket or goroutine and logs
 // nothing; the agent measures, calls it, logs each decision and acts.
@@ -159,24 +159,6 @@ func (m *Model) evictable(now time.Time) bool {
 		!m.Leases.IdleSince.IsZero() && m.idleFor(now) >= m.IdleMinimum
 }
 
-// holds is the label used in a refusal for a model whose memory cannot be
-// taken: why it is not a candidate.
-func (m *Model) holds(now time.Time) string {
-	switch {
-	case m.pinned():
-		return "pinned"
-	case m.State != StateAwake:
-		return m.State
-	case m.Leases.Active > 0 || m.Engine == EngineBusy:
-		return "busy"
-	case !m.idle():
-		return "untracked"
-	case !m.evictable(now):
-		return "recently used"
-	}
-	return "idle"
-}
-
 // gpuShare is what the model occupies on GPU g: the measurement when there
 // is one, else its footprint's even share.
 func (m *Model) gpuShare(g int) int64 {
@@ -208,13 +190,15 @@ func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 // Estimate stands in for a GPU probe that failed: each GPU's free memory
 // becomes the lower of what in.GPUs says (the last reading, or the total
 // when there is none recent: pass Free = Total) and the total less the
-// footprint share of every model on it that is not asleep; models that are
-// not asleep and were not measured are taken to hold their share. Memory of
-// processes napd does not know is not counted beyond the reading.
+// footprint share of every model on it that is awake or draining; such
+// models that were not measured are taken to hold their share. Memory of
+// processes napd does not know is not counted beyond the reading. Waking
+// models are left out: one waiting for room holds nothing yet, and PlanRoom
+// reserves what one that is loading will take.
 func (in *Input) Estimate() {
 	for i := range in.Models {
 		m := &in.Models[i]
-		if m.State == StateSleeping || m.Footprint <= 0 {
+		if m.State == StateSleeping || m.State == StateWaking || m.Footprint <= 0 {
 			continue
 		}
 		for _, g := range m.GPUs {
@@ -230,7 +214,7 @@ func (in *Input) Estimate() {
 		g := &in.GPUs[i]
 		free := g.Total
 		for _, m := range in.Models {
-			if m.State != StateSleeping {
+			if m.State != StateSleeping && m.State != StateWaking {
 				free -= m.GPUBytes[g.Index]
 			}
 		}

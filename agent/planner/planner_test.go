@@ -15,9 +15,6 @@ const GiB = 1 << 30
 
 var now = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 
-// gib10 is tenths of a GiB in bytes.
-func gib10(tenths int64) int64 { return tenths * GiB / 10 }
-
 type opt func(*Model)
 
 // model is an awake, proven-idle model on GPU 0, idle for 5 minutes, with
@@ -301,174 +298,6 @@ func TestPlan_DoesNotModifyInput(t *testing.T) {
 	}
 }
 
-func TestPlanWake(t *testing.T) {
-	tests := []struct {
-		name    string
-		in      Input
-		wake    string
-		outcome WakeOutcome
-		victims []string
-		message string
-	}{
-		{
-			name:    "fits in free memory minus the reserve",
-			in:      gpuFree(roomy(model("big", state(StateSleeping), footprint(39*GiB))), 0, 40*GiB),
-			wake:    "big",
-			outcome: WakeFits,
-		},
-		{
-			name:    "the reserve counts",
-			in:      gpuFree(roomy(model("big", state(StateSleeping), footprint(39*GiB+1))), 0, 40*GiB),
-			wake:    "big",
-			outcome: WakeRefused,
-		},
-		{
-			name: "puts idle models on the same GPU to sleep, LRU first, only as many as needed",
-			in: gpuFree(roomy(
-				model("big", state(StateSleeping), footprint(40*GiB)),
-				model("lru", idleFor(30*time.Minute), holds(map[int]int64{0: 20 * GiB})),
-				model("mru", idleFor(2*time.Minute), holds(map[int]int64{0: 20 * GiB})),
-				model("elsewhere", idleFor(time.Hour), holds(map[int]int64{1: 40 * GiB})),
-				model("pin", pinned, idleFor(time.Hour), holds(map[int]int64{0: 20 * GiB})),
-				model("busy", leases(1), idleFor(time.Hour), holds(map[int]int64{0: 20 * GiB})),
-			), 0, 30*GiB),
-			wake:    "big",
-			outcome: WakeMakeRoom,
-			victims: []string{"lru"},
-			message: "big (40.0 GiB) is 11.0 GiB on GPU 0 short; making room: lru",
-		},
-		{
-			name: "the 503 message names what holds how much",
-			in: func() Input {
-				in := roomy(
-					model("qwen3-32b", state(StateSleeping), footprint(40*GiB)),
-					model("llama-70b", leases(3), holds(map[int]int64{0: gib10(601)})),
-					model("embed", pinned, holds(map[int]int64{0: 2 * GiB})),
-				)
-				in.GPUs = []GPU{{Index: 0, Total: gib10(744), Free: gib10(123)}}
-				return in
-			}(),
-			wake:    "qwen3-32b",
-			outcome: WakeRefused,
-			message: "cannot fit qwen3-32b (40.0 GiB) on GPU 0: 12.3 GiB free; held by busy llama-70b (60.1 GiB), pinned embed (2.0 GiB); gpu_reserve 1.0 GiB",
-		},
-		{
-			name: "never evict to wake a model that would still not fit",
-			in: gpuFree(roomy(
-				model("big", state(StateSleeping), footprint(60*GiB)),
-				model("small-idle", idleFor(time.Hour), holds(map[int]int64{0: 5 * GiB})),
-				model("busy", engine(EngineBusy), holds(map[int]int64{0: 30 * GiB})),
-			), 0, 10*GiB),
-			wake:    "big",
-			outcome: WakeRefused,
-			message: "cannot fit big (60.0 GiB) on GPU 0: 10.0 GiB free; held by other processes (35.0 GiB), busy busy (30.0 GiB), idle small-idle (5.0 GiB); gpu_reserve 1.0 GiB",
-		},
-		{
-			name: "never flap: a model just woken for a request is no victim",
-			in: gpuFree(roomy(
-				model("big", state(StateSleeping), footprint(30*GiB)),
-				model("just-woken", idleFor(10*time.Second), holds(map[int]int64{0: 30 * GiB})),
-			), 0, 10*GiB),
-			wake:    "big",
-			outcome: WakeRefused,
-		},
-		{
-			name: "memory of its own sleeping engine need not be freed again",
-			in: gpuFree(roomy(
-				model("l1", sleep(config.SleepVLLML1), state(StateSleeping), footprint(20*GiB), holds(map[int]int64{0: 2 * GiB})),
-			), 0, 19*GiB),
-			wake:    "l1",
-			outcome: WakeFits,
-		},
-		{
-			name: "a model already waking reserves its share",
-			in: gpuFree(roomy(
-				model("second", state(StateSleeping), footprint(20*GiB)),
-				model("first", state(StateWaking), footprint(20*GiB)),
-			), 0, 30*GiB),
-			wake:    "second",
-			outcome: WakeRefused,
-		},
-		{
-			name: "tensor parallel: the footprint splits over its GPUs",
-			in: gpuFree(gpuFree(roomy(
-				model("tp", state(StateSleeping), onGPUs(0, 1), footprint(60*GiB)),
-				model("idle1", idleFor(time.Hour), holds(map[int]int64{1: 20 * GiB})),
-			), 0, 40*GiB), 1, 20*GiB),
-			wake:    "tp",
-			outcome: WakeMakeRoom,
-			victims: []string{"idle1"},
-		},
-		{
-			name: "memory draining back counts first",
-			in: gpuFree(roomy(
-				model("big", state(StateSleeping), footprint(40*GiB)),
-				model("going", state(StateDraining), holds(map[int]int64{0: 30 * GiB})),
-				model("idle", idleFor(time.Hour), holds(map[int]int64{0: 30 * GiB})),
-			), 0, 20*GiB),
-			wake:    "big",
-			outcome: WakeMakeRoom,
-			message: "big (40.0 GiB) is 21.0 GiB on GPU 0 short; making room: models already draining",
-		},
-		{
-			name:    "unknown footprint is not checked",
-			in:      gpuFree(roomy(model("new", state(StateSleeping))), 0, 0),
-			wake:    "new",
-			outcome: WakeFits,
-		},
-		{
-			name:    "a GPU without a memory reading is not checked",
-			in:      func() Input { in := roomy(model("x", state(StateSleeping), onGPUs(3), footprint(99*GiB))); return in }(),
-			wake:    "x",
-			outcome: WakeFits,
-		},
-		{
-			name:    "unknown model",
-			in:      roomy(),
-			wake:    "ghost",
-			outcome: WakeRefused,
-			message: `cannot plan wake of unknown model "ghost"`,
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := PlanWake(tt.in, tt.wake)
-			if got.Outcome != tt.outcome {
-				t.Errorf("outcome = %v (%s), want %v", got.Outcome, got.Message, tt.outcome)
-			}
-			var victims []string
-			for _, v := range got.Victims {
-				victims = append(victims, v.Model)
-				if v.Reason != ReasonMakeRoom || v.Action != ActionSleep {
-					t.Errorf("victim %+v: want a make-room sleep", v)
-				}
-			}
-			if !reflect.DeepEqual(victims, tt.victims) {
-				t.Errorf("victims = %v, want %v", victims, tt.victims)
-			}
-			if tt.message != "" && got.Message != tt.message {
-				t.Errorf("message = %q\nwant      %q", got.Message, tt.message)
-			}
-		})
-	}
-}
-
-func TestPlanWake_VictimUnderHostPressureIsStopped(t *testing.T) {
-	in := gpuFree(roomy(
-		model("big", state(StateSleeping), footprint(40*GiB)),
-		model("l1", sleep(config.SleepVLLML1), idleFor(time.Hour), holds(map[int]int64{0: 40 * GiB})),
-	), 0, 10*GiB)
-	in.Host.MemAvailable = GiB
-	got := PlanWake(in, "big")
-	if len(got.Victims) != 1 || got.Victims[0].Action != ActionStop {
-		t.Fatalf("victims = %+v, want l1 stopped", got.Victims)
-	}
-	want := "stop l1 instead of vllm-l1 sleep (host memory is short): make room for big (40.0 GiB); frees 40.0 GiB on GPU 0; idle 1h0m0s"
-	if got.Victims[0].Message != want {
-		t.Errorf("message = %q\nwant %q", got.Victims[0].Message, want)
-	}
-}
-
 // Without a fresh GPU reading the fit is checked against learned
 // footprints: a device's total less the share of every model on it that is
 // not asleep, or the last reading when that is lower.
@@ -480,7 +309,7 @@ func TestInput_Estimate(t *testing.T) {
 			model("tp", footprint(8*GiB), onGPUs(0, 1)),
 			model("asleep", footprint(20*GiB), state(StateSleeping)),
 			model("unknown"),
-			model("big", footprint(16*GiB), state(StateSleeping)),
+			model("big", footprint(16*GiB), state(StateWaking)),
 		},
 		GPUNote: "the GPU probe fails; estimated",
 	}
@@ -492,28 +321,29 @@ func TestInput_Estimate(t *testing.T) {
 	if got := in.Models[0].GPUBytes; got[0] != 10*GiB {
 		t.Errorf("a holds %v, want its footprint", got)
 	}
-	p := PlanWake(in, "big")
-	if p.Outcome != WakeMakeRoom || len(p.Victims) != 1 || p.Victims[0].Model != "a" {
-		t.Errorf("estimated: %v %+v", p.Outcome, p.Victims)
+	waiters := []Waiter{{Model: "big", Oldest: now}}
+	p := PlanRoom(in, waiters)
+	if len(p.Sleeps) != 1 || p.Sleeps[0].Model != "a" {
+		t.Errorf("estimated: %+v", p.Sleeps)
 	}
 	in.Models[0].Pinned = true
-	p = PlanWake(in, "big")
-	want1 := "cannot fit big (16.0 GiB) on GPU 0: 10.0 GiB free; held by pinned a (10.0 GiB), idle tp (4.0 GiB); gpu_reserve 1.0 GiB (the GPU probe fails; estimated)"
-	if p.Outcome != WakeRefused || p.Message != want1 {
-		t.Errorf("refusal %v %q\nwant %q", p.Outcome, p.Message, want1)
+	p = PlanRoom(in, waiters)
+	want1 := "cannot fit big (16.0 GiB) on GPU 0 (24.0 GiB, gpu_reserve 1.0 GiB): held by pinned a (10.0 GiB), which waiting cannot free (the GPU probe fails; estimated)"
+	if tu, _ := p.Turn("big"); tu.Verdict != RoomRefused || tu.Message != want1 {
+		t.Errorf("refusal %v %q\nwant %q", tu.Verdict, tu.Message, want1)
 	}
 }
 
 // A probe that fails with no reading to fall back on does not open the
 // gate: a model whose footprint is known is refused, saying why.
-func TestPlanWake_GPUUnknownRefuses(t *testing.T) {
+func TestPlanRoom_GPUUnknownRefuses(t *testing.T) {
 	in := Input{Now: now, GPUUnknown: true, GPUNote: "GPU probe failed: timeout; no reading yet",
-		Models: []Model{model("big", footprint(16*GiB), state(StateSleeping)), model("free", state(StateSleeping))}}
-	p := PlanWake(in, "big")
-	if p.Outcome != WakeRefused || p.Message != "cannot check that big (16.0 GiB) fits on GPU 0: GPU probe failed: timeout; no reading yet" {
-		t.Errorf("%v %q", p.Outcome, p.Message)
+		Models: []Model{model("big", footprint(16*GiB), state(StateWaking)), model("free", state(StateWaking))}}
+	p := PlanRoom(in, []Waiter{{Model: "big", Oldest: now}, {Model: "free", Oldest: now}})
+	if tu, _ := p.Turn("big"); tu.Verdict != RoomRefused || tu.Message != "cannot check that big (16.0 GiB) fits on GPU 0: GPU probe failed: timeout; no reading yet" {
+		t.Errorf("%v %q", tu.Verdict, tu.Message)
 	}
-	if p := PlanWake(in, "free"); p.Outcome != WakeFits {
-		t.Errorf("a model without a footprint is not checked: %v", p.Outcome)
+	if tu, _ := p.Turn("free"); tu.Verdict != RoomFits {
+		t.Errorf("a model without a footprint is not checked: %v", tu.Verdict)
 	}
 }

@@ -176,10 +176,18 @@ type roomPlanner struct {
 }
 
 // start computes per GPU what is free now (less gpu_reserve and what
-// models loading will take) and what is draining back.
+// models loading will take) and what is draining back. Memory the models'
+// processes hold counts as used even if the device's free figure, read a
+// moment apart from the process list, does not show it yet.
 func (r *roomPlanner) start() {
 	for _, g := range r.in.GPUs {
-		avail := g.Free - r.in.Pressure.GPUReserve
+		free := g.Free
+		held := int64(0)
+		for _, m := range r.byLRU {
+			held += m.GPUBytes[g.Index]
+		}
+		free = min(free, g.Total-held)
+		avail := free - r.in.Pressure.GPUReserve
 		var coming int64
 		for _, m := range r.byLRU {
 			switch {
@@ -204,6 +212,12 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 	if !w.Deadline.IsZero() && !r.in.Now.Before(w.Deadline) {
 		t.Verdict = RoomExpired
 		t.Message = fmt.Sprintf("%s: the deadline of its oldest waiting request passed", m.Name)
+		return t
+	}
+	if r.in.GPUUnknown && m.Footprint > 0 && len(m.GPUs) > 0 {
+		t.Verdict = RoomRefused
+		t.Message = fmt.Sprintf("cannot check that %s (%s) fits on GPU %s: %s", m.Name, gib(m.Footprint), joinInts(m.GPUs), r.in.GPUNote)
+		t.RetryAfter = r.retryAfter(m, nil)
 		return t
 	}
 	need := make(map[int]int64)
@@ -380,6 +394,9 @@ func (r *roomPlanner) never(w *Model, need map[int]int64) ([]Holder, string, boo
 			msg += ": larger than the GPU after the reserve"
 		} else {
 			msg += fmt.Sprintf(": held by %s, which waiting cannot free", HolderList(fixed))
+		}
+		if r.in.GPUNote != "" {
+			msg += " (" + r.in.GPUNote + ")"
 		}
 		return fixed, msg, false
 	}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/agent/config"
 )
 
 func yieldAfter(d time.Duration) opt { return func(m *Model) { m.YieldAfter = d } }
@@ -221,6 +223,40 @@ func TestPlanRoom_Rules(t *testing.T) {
 			waiters: []Waiter{since("tp", 0)},
 			sleeps:  []want{{"a", ActionSleep, "stop", ReasonMakeRoom}, {"c", ActionSleep, "stop", ReasonMakeRoom}},
 		},
+		{
+			name:    "memory its own sleeping engine holds need not be freed again",
+			in:      box1(waiting("l1", 20*GiB, sleep(config.SleepVLLML1), holds(map[int]int64{0: 2 * GiB}))),
+			waiters: []Waiter{since("l1", 0)},
+			turns:   map[string]turnWant{"l1": {verdict: RoomFits}},
+		},
+		{
+			name:    "an unknown footprint is not checked",
+			in:      box1(model("new", state(StateWaking)), model("a", a20, leases(1))),
+			waiters: []Waiter{since("new", 0)},
+			turns:   map[string]turnWant{"new": {verdict: RoomFits, message: "footprint or GPUs unknown"}},
+		},
+		{
+			name:    "a GPU without a memory reading is not checked",
+			in:      box1(waiting("x", 99*GiB, onGPUs(3))),
+			waiters: []Waiter{since("x", 0)},
+			turns:   map[string]turnWant{"x": {verdict: RoomFits}},
+		},
+		{
+			name: "under host pressure an idle vllm-l1 holder is stopped, not parked in host memory",
+			in: func() Input {
+				in := box1(waiting("b", 20*GiB), model("l1", sleep(config.SleepVLLML1), a20))
+				in.Host.MemAvailable = GiB
+				return in
+			}(),
+			waiters: []Waiter{since("b", 0)},
+			sleeps:  []want{{"l1", ActionStop, "stop", ReasonMakeRoom}},
+		},
+		{
+			name:    "an unknown waiter is refused",
+			in:      box1(),
+			waiters: []Waiter{since("ghost", 0)},
+			turns:   map[string]turnWant{"ghost": {verdict: RoomRefused, message: `unknown model "ghost"`}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -280,5 +316,17 @@ func TestPlanRoom_YieldMessage(t *testing.T) {
 	want := "sleep a (stop): yield to b, which waited 31s for its memory (yield_after 30s); frees 20.0 GiB on GPU 0; 3 in flight"
 	if got.Sleeps[0].Message != want {
 		t.Errorf("message = %q\nwant      %q", got.Sleeps[0].Message, want)
+	}
+}
+
+// The device's free figure and its process list are read a moment apart: a
+// model that just started loading may show in the list and not yet in the
+// free figure. Its memory counts as used.
+func TestPlanRoom_ProcessesCountEvenIfFreeLags(t *testing.T) {
+	in := box1(waiting("b", 16*GiB), model("a", state(StateWaking), footprint(16*GiB), holds(map[int]int64{0: 16 * GiB})))
+	in.GPUs[0].Free = 24 * GiB // read before a's engine started
+	got := PlanRoom(in, []Waiter{since("b", 0)})
+	if tu, _ := got.Turn("b"); tu.Verdict != RoomWait {
+		t.Fatalf("b: %v (%s), want to wait for a", tu.Verdict, tu.Message)
 	}
 }

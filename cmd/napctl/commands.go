@@ -71,6 +71,11 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 			m.Name, m.State, m.Leases, m.QueueDepth, idle, wake, mem, gpuStr(m.GPUBytes), m.Reason)
 	}
 	tw.Flush()
+	for _, m := range st.Models {
+		if m.WaitingFor != "" {
+			fmt.Fprintf(w, "%s: %d waiting for GPU memory held by %s\n", m.Name, m.RoomWaiting, m.WaitingFor)
+		}
+	}
 }
 
 func gpuStr(per map[string]int64) string {

@@ -123,9 +123,10 @@ func TestPlanner_WakePutsIdleModelToSleepFirst(t *testing.T) {
 	}
 }
 
-// A wake that cannot fit because a busy model (mid-stream) and a pinned one
-// hold the memory puts nothing to sleep: the request gets 503 with
-// Retry-After and a message naming both and how much they hold.
+// A wake that cannot fit even once the busy model (mid-stream) is done,
+// because a pinned one holds the rest, puts nothing to sleep and does not
+// wait: the request gets 503 with Retry-After and a message naming the
+// pinned model and how much it holds.
 func TestPlanner_WakeThatCannotFitNamesTheHolders(t *testing.T) {
 	env := fakeGPU(t, 24<<10, map[string]int{"small": 10 << 10, "pin": 4 << 10, "big": 20 << 10})
 	n := harness.Start(t, harness.Options{
@@ -155,7 +156,7 @@ func TestPlanner_WakeThatCannotFitNamesTheHolders(t *testing.T) {
 	}
 
 	resp, body := post(t, n, ctx, "big", 2)
-	want := "cannot fit big (20.0 GiB) on GPU 0: 10.0 GiB free; held by busy small (10.0 GiB), pinned pin (4.0 GiB)"
+	want := "cannot fit big (20.0 GiB) on GPU 0 (24.0 GiB, gpu_reserve 1.0 GiB): held by pinned pin (4.0 GiB), which waiting cannot free"
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, want) {
 		t.Fatalf("big: status %d Retry-After %q body %s\nwant the message %q", resp.StatusCode, resp.Header.Get("Retry-After"), body, want)
 	}
