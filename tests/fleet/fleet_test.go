@@ -42,7 +42,6 @@ type host struct {
 
 // fleet is two hosts and the HAProxy in front of them.
 type fleet struct {
-	t      *testing.T
 	hosts  []*host
 	front  string // HAProxy's frontend address
 	stats  string // HAProxy's stats page address
@@ -77,7 +76,7 @@ func startFleet(t *testing.T) *fleet {
 		t.Fatal("haproxy not installed: run `make test-deps`")
 	}
 	gwPort, agentPort := harness.FreePort(t), harness.FreePort(t)
-	f := &fleet{t: t,
+	f := &fleet{
 		front:  fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
 		stats:  fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
 		client: &http.Client{Transport: &http.Transport{}},
@@ -150,8 +149,8 @@ func startFleet(t *testing.T) *fleet {
 	// Every model asleep everywhere: no host serves it, each may wake it.
 	for _, be := range []string{"napd_qwen", "napd_llama"} {
 		for _, h := range f.hosts {
-			f.waitServer(be, h.name, "UP", 0)
-			f.waitServer(be, h.name+"-wake", "UP", 1)
+			f.waitServer(t, be, h.name, "UP", 0)
+			f.waitServer(t, be, h.name+"-wake", "UP", 1)
 		}
 	}
 	return f
@@ -188,9 +187,9 @@ func TestFleet(t *testing.T) {
 		if got := agentAsk(t, host2.agent, "qwen awake\n"); got != "up ready 100% #awake, 0 queued\n" {
 			t.Errorf("awake: %q", got)
 		}
-		f.waitServer("napd_qwen", "host2", "UP", 100)
+		f.waitServer(t, "napd_qwen", "host2", "UP", 100)
 		for range 10 {
-			f.wantServedBy("Qwen/Qwen3-8B", "host2")
+			f.wantServedBy(t, "Qwen/Qwen3-8B", "host2")
 		}
 		// host1 never saw one: its qwen, which cannot start, still sleeps.
 		wantState(t, host1, "qwen", "sleeping")
@@ -198,10 +197,10 @@ func TestFleet(t *testing.T) {
 
 	t.Run("AsleepEverywhereWakesOnOneHost", func(t *testing.T) {
 		// No host has llama awake: the first host that can wake it does.
-		f.wantServedBy("llama", "host1-wake")
-		f.waitServer("napd_llama", "host1", "UP", 100)
+		f.wantServedBy(t, "llama", "host1-wake")
+		f.waitServer(t, "napd_llama", "host1", "UP", 100)
 		for range 10 {
-			f.wantServedBy("llama", "host1")
+			f.wantServedBy(t, "llama", "host1")
 		}
 		wantState(t, host1, "llama", "awake")
 		wantState(t, host2, "llama", "sleeping")
@@ -231,12 +230,15 @@ func TestFleet(t *testing.T) {
 		if got := agentAsk(t, host1.agent, "qwen\n"); got != "down #failed, 0 queued\n" {
 			t.Errorf("failed: %q", got)
 		}
-		f.waitServer("napd_qwen", "host1-wake", "DOWN (agent)", -1)
-		f.waitServer("napd_qwen", "host2", "UP", 0)
+		// HAProxy may have seen the failing wake as waking (weight 100):
+		// wait until it has seen the failure on both of host1's servers.
+		f.waitServer(t, "napd_qwen", "host1", "DOWN (agent)", -1)
+		f.waitServer(t, "napd_qwen", "host1-wake", "DOWN (agent)", -1)
+		f.waitServer(t, "napd_qwen", "host2", "UP", 0)
 		// qwen is awake nowhere; host1 comes first but failed: host2 wakes it.
-		f.wantServedBy("qwen", "host2-wake")
-		f.waitServer("napd_qwen", "host2", "UP", 100)
-		f.wantServedBy("qwen", "host2")
+		f.wantServedBy(t, "qwen", "host2-wake")
+		f.waitServer(t, "napd_qwen", "host2", "UP", 100)
+		f.wantServedBy(t, "qwen", "host2")
 	})
 
 	t.Run("StoppedHostIsAvoided", func(t *testing.T) {
@@ -330,11 +332,11 @@ func (f *fleet) post(model string) (servedBy string, status int, body []byte, er
 }
 
 // wantServedBy sends one request for model and wants a 200 from server.
-func (f *fleet) wantServedBy(model, server string) {
-	f.t.Helper()
+func (f *fleet) wantServedBy(t *testing.T, model, server string) {
+	t.Helper()
 	served, status, body, err := f.post(model)
 	if err != nil || status != 200 || served != server {
-		f.t.Fatalf("request for %s: %d from %q (%v) %s; want 200 from %s\nqwen: %s\nllama: %s", model, status, served, err, body, server,
+		t.Fatalf("request for %s: %d from %q (%v) %s; want 200 from %s\nqwen: %s\nllama: %s", model, status, served, err, body, server,
 			f.statsLine("napd_qwen"), f.statsLine("napd_llama"))
 	}
 }
@@ -387,9 +389,9 @@ func (f *fleet) servers() (map[string]map[string]serverStat, error) {
 
 // waitServer waits until HAProxy shows backend/server in status with
 // weight (-1: any weight).
-func (f *fleet) waitServer(backend, server, status string, weight int) {
-	f.t.Helper()
-	waitFor(f.t, func() string {
+func (f *fleet) waitServer(t *testing.T, backend, server, status string, weight int) {
+	t.Helper()
+	waitFor(t, func() string {
 		return fmt.Sprintf("haproxy %s/%s %s weight %d (now: %s)", backend, server, status, weight, f.statsLine(backend))
 	}, func() bool {
 		all, err := f.servers()
