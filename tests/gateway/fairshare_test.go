@@ -62,3 +62,36 @@ func TestFairShare_BurstFromOneKey(t *testing.T) {
 		t.Errorf("completion order %v: bob finished at position %d, want right after alice's first", order, pos)
 	}
 }
+
+// A key's concurrency= is the key's own, beside the model's slots: with one
+// stream of alice's open, her next request gets 429 in OpenAI's shape while
+// bob's goes through; when her stream ends, she may send again.
+func TestKeys_ConcurrencyLimit(t *testing.T) {
+	t.Parallel()
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("alice:sk-alice-0123456789 concurrency=1\nbob:sk-bob-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := demo(t, "m", "sleep = \"stop\"\nmax_concurrency = 4", "--ttft", "0", "--tokens-per-second", "20")
+	n := harness.Start(t, harness.Options{Models: m, Gateway: "api_keys_file = " + strconv.Quote(keys)})
+	ctx := ctxFor(t, 2*time.Minute)
+	alice := []string{"Authorization", "Bearer sk-alice-0123456789"}
+
+	open := stream(t, ctx, n, harness.Chat("m", true, 200), alice...) // ten seconds of tokens
+	resp, body, err := n.Post(ctx, "/v1/chat/completions", harness.Chat("m", false, 1), alice...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, resp, body, http.StatusTooManyRequests, "key_concurrency_limit")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Error("429 without Retry-After")
+	}
+	if resp, body, err := n.Post(ctx, "/v1/chat/completions", harness.Chat("m", false, 1), "Authorization", "Bearer sk-bob-0123456789"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("bob while alice is at her limit: %v %v %s", resp, err, body)
+	}
+	open.Body.Close() // alice leaves her stream: her slot is free again
+	eventually(t, time.Minute, "alice's slot freed", func() bool {
+		resp, _, err := n.Post(ctx, "/v1/chat/completions", harness.Chat("m", false, 1), alice...)
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+}
