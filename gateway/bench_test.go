@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,21 +15,16 @@ func benchTransport() *http.Transport {
 	return &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256, DisableCompression: true}
 }
 
-// BenchmarkProxy compares a small non-streamed request sent straight to a
-// loopback engine with the same request through the gateway; the
-// difference is the gateway's cost.
-func BenchmarkProxy(b *testing.B) {
-	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"hello"}]}`)
-	}))
-	defer engine.Close()
-	models := newFakeModels(b, engine.URL)
+// benchSetup serves engine and a gateway in front of it, whose Done calls
+// are drained, and returns both URLs.
+func benchSetup(b *testing.B, engine http.HandlerFunc) (direct, gateway string) {
+	eng := httptest.NewServer(engine)
+	b.Cleanup(eng.Close)
+	models := newFakeModels(b, eng.URL)
 	models.transport = benchTransport()
 	models.done = make(chan Outcome, 1)
 	drain := make(chan struct{})
-	defer close(drain)
+	b.Cleanup(func() { close(drain) })
 	go func() {
 		for {
 			select {
@@ -38,14 +34,25 @@ func BenchmarkProxy(b *testing.B) {
 			}
 		}
 	}()
-	gw := New(Options{MaxBody: 16 << 20, Logger: slog.New(slog.DiscardHandler)}, models)
+	gw := New(Options{MaxBody: 64 << 20, Logger: slog.New(slog.DiscardHandler)}, models)
 	front := httptest.NewServer(gw.Handler())
-	defer front.Close()
+	b.Cleanup(front.Close)
+	return eng.URL, front.URL
+}
 
+// BenchmarkProxy compares a small non-streamed request sent straight to a
+// loopback engine with the same request through the gateway; the
+// difference is the gateway's cost.
+func BenchmarkProxy(b *testing.B) {
+	direct, front := benchSetup(b, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"hello"}]}`)
+	})
 	const body = `{"model":"m1","prompt":"Say hello","max_tokens":8}`
 	for _, c := range []struct{ name, url string }{
-		{"direct", engine.URL},
-		{"gateway", front.URL},
+		{"direct", direct},
+		{"gateway", front},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			client := &http.Client{Transport: benchTransport()}
@@ -66,6 +73,45 @@ func BenchmarkProxy(b *testing.B) {
 					}
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkFormUpload sends a 4 MiB transcription form straight to a
+// loopback engine and through the gateway, with the model field before
+// the file (streamed) and after it (spooled first); MB/s is the upload's.
+func BenchmarkFormUpload(b *testing.B) {
+	direct, front := benchSetup(b, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"text":"ok"}`)
+	})
+	file := bytes.Repeat([]byte{7}, 4<<20)
+	for _, c := range []struct {
+		name, url string
+		order     []string
+	}{
+		{"direct", direct, []string{"model", "@file"}},
+		{"gateway/model-first", front, []string{"model", "@file"}},
+		{"gateway/model-last", front, []string{"@file", "model"}},
+	} {
+		body, ct := formBody(b, c.order, map[string]string{"model": "m1"}, file)
+		b.Run(c.name, func(b *testing.B) {
+			client := &http.Client{Transport: benchTransport()}
+			defer client.CloseIdleConnections()
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := client.Post(c.url+"/v1/audio/transcriptions", ct, bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
 		})
 	}
 }
