@@ -110,9 +110,9 @@ func (s *sim) event(op, arg byte) {
 			delete(s.queued, id)
 			s.end(id)
 		}
-	case 4, 5: // the planner or an operator asks for sleep
+	case 4, 5: // the planner, an operator or a waiting model asks for sleep
 		name = "sleep"
-		req := lifecycle.SleepRequest{Reason: lifecycle.SleepReason(1 + arg%3), Strategy: "stop"}
+		req := lifecycle.SleepRequest{Reason: lifecycle.SleepReason(1 + arg%4), Strategy: "stop"}
 		engine := lifecycle.EngineActivity(arg / 3 % 3)
 		s.apply(name, s.m.RequestSleep(s.now, req, lifecycle.Evidence{Leases: s.ev(), Engine: engine}), 0)
 	case 6: // a wake result, current or stale
@@ -187,7 +187,7 @@ func (s *sim) event(op, arg byte) {
 			s.failures++
 			s.wakeOp = 0
 		}
-		s.apply(name, s.m.Tick(s.now, s.ev()), 0)
+		s.apply(name, s.m.Tick(s.now, s.drainEv()), 0)
 	case 10:
 		name = "advance"
 		s.now = s.now.Add(time.Duration(arg) * 10 * time.Second)
@@ -199,6 +199,11 @@ func (s *sim) event(op, arg byte) {
 		}
 	case 11:
 		name = "reset"
+		if arg&2 != 0 { // nobody waits for the memory any more
+			name = "cancel yield"
+			s.apply(name, s.m.CancelYield(s.now), 0)
+			break
+		}
 		s.failures = 0
 		if arg&1 != 0 {
 			s.m.Reload(s.now, s.pol)
@@ -236,6 +241,11 @@ func (s *sim) end(id lease.ID) {
 		s.t.Fatalf("step %d: End(%d) not live", s.step, id)
 	}
 	if !e.Idle {
+		// A yield's drain ends with its last request in flight, though
+		// requests queued behind it hold leases.
+		if s.m.Snapshot().Yielding && len(s.admitted) == 0 {
+			s.apply("last request in flight ended", s.m.LastLeaseEnded(s.now, s.drainEv()), 0)
+		}
 		return
 	}
 	s.idleSince = s.now
@@ -244,6 +254,16 @@ func (s *sim) end(id lease.ID) {
 		return
 	}
 	s.apply("last lease ended", s.m.LastLeaseEnded(s.now, s.ev()), 0)
+}
+
+// drainEv is the evidence the agent's loop gives a drain: while yielding,
+// only the requests in flight count.
+func (s *sim) drainEv() lease.Evidence {
+	ev := s.ev()
+	if s.m.Snapshot().Yielding {
+		ev.Active = len(s.admitted)
+	}
+	return ev
 }
 
 // apply performs a decision. arriving is the lease of the request that
@@ -275,7 +295,8 @@ func (s *sim) apply(name string, d lifecycle.Decision, arriving lease.ID) {
 		s.wakeOp, s.wakeStart, s.verified = d.Op, s.now, false
 		s.wakeOps = append(s.wakeOps, d.Op)
 	case lifecycle.IssueSleep:
-		if s.ev().Active != 0 || len(s.admitted) != 0 || len(s.queued) != 0 {
+		yield := d.Sleep.Reason == lifecycle.Demand
+		if len(s.admitted) != 0 || (!yield && (s.ev().Active != 0 || len(s.queued) != 0)) {
 			fail("sleep issued with a live lease")
 		}
 		if s.wakeOp != 0 || s.sleepOp != 0 {
@@ -288,6 +309,16 @@ func (s *sim) apply(name string, d lifecycle.Decision, arriving lease.ID) {
 			fail("admitted waiting requests while not serving")
 		}
 		s.verified, s.failures = true, 0
+		for id := range s.queued {
+			delete(s.queued, id)
+			s.admitted[id] = true
+		}
+	case lifecycle.AbandonDrain:
+		// The model serves again: requests queued behind a yield are
+		// admitted (the loop dispatches them).
+		if !snap.State.Serving() {
+			fail("drain abandoned into a state that does not serve")
+		}
 		for id := range s.queued {
 			delete(s.queued, id)
 			s.admitted[id] = true
@@ -333,7 +364,7 @@ func (s *sim) check(name string) {
 		!(snap.State.Serving() || snap.State == lifecycle.Draining)) {
 		fail("requests at an engine that is not verified serving")
 	}
-	if len(s.queued) > 0 && snap.State != lifecycle.Waking && (snap.State != lifecycle.Draining || s.sleepOp == 0) {
+	if len(s.queued) > 0 && snap.State != lifecycle.Waking && (snap.State != lifecycle.Draining || (s.sleepOp == 0 && !snap.Yielding)) {
 		fail("queued requests with no wake coming")
 	}
 	if (snap.State == lifecycle.Waking) != (s.wakeOp != 0) {
@@ -355,6 +386,8 @@ func FuzzLifecycle(f *testing.F) {
 	f.Add([]byte{0, 2, 10, 9, 5, 1, 0, 0, 7, 1, 6, 0, 7, 0x80})   // sleep fails, late confirm
 	f.Add([]byte{8, 2, 10, 20, 4, 0, 0, 0, 11, 1, 4, 0, 7, 0})    // unsupported, reload
 	f.Add([]byte{0, 0, 0, 0, 0, 1, 3, 0, 6, 0, 2, 0, 2, 1, 9, 5}) // unverified start
+	f.Add([]byte{0, 1, 0, 0, 6, 0, 4, 3, 0, 0, 2, 0, 7, 0, 6, 0}) // yield: queue, sleep, wake
+	f.Add([]byte{0, 1, 0, 0, 6, 0, 4, 3, 0, 0, 11, 2, 2, 0})      // yield cancelled
 	f.Fuzz(runSim)
 }
 
