@@ -271,6 +271,13 @@ func (a *Agent) reconcile(ctx context.Context, models []*model.Model) {
 	}
 }
 
+// The metrics listener's bounds: open connections, and how long an idle
+// keep-alive one stays.
+const (
+	metricsConnections = 64
+	metricsIdle        = 75 * time.Second
+)
+
 // servers holds what serve started.
 type servers struct {
 	gateway []*http.Server
@@ -314,7 +321,7 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 	// Client-facing servers: idle keep-alive connections are closed after
 	// keepalive_timeout, and all of them together hold at most
 	// max_connections descriptors.
-	conns := gateway.NewConnLimit(cfg.Gateway.MaxConnections, a.log)
+	conns := gateway.NewConnLimit(cfg.Gateway.MaxConnections, a.log.With("listener", "gateway", "key", "gateway.max_connections"))
 	newGateway := func(h http.Handler, l net.Listener, what string) {
 		srv := newServer(h)
 		srv.IdleTimeout = cfg.Gateway.KeepaliveTimeout
@@ -350,7 +357,10 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics.Handler())
 		s.metrics = newServer(mux)
-		go a.serveOn(s.metrics, ml, "metrics")
+		// A scraper needs few connections; a local user gets no more.
+		s.metrics.IdleTimeout = metricsIdle
+		limit := gateway.NewConnLimit(metricsConnections, a.log.With("listener", "metrics"))
+		go a.serveOn(s.metrics, limit.Listener(ml), "metrics")
 	}
 	if cfg.Agent.HAProxyAgentListen != "" {
 		if s.agentCheck, err = a.startAgentCheck(cfg.Agent.HAProxyAgentListen); err != nil {

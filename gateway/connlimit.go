@@ -13,7 +13,8 @@ import (
 )
 
 // ConnLimit caps the client connections open at once across every listener
-// it wraps (max_connections). Past the cap a new connection is answered 503
+// it wraps (max_connections for the gateway's). Its log lines say which
+// listeners through the logger's attributes. Past the cap a new connection is answered 503
 // and closed at once, as nginx does past worker_connections, so napd never
 // runs out of descriptors (the control socket and the engines need some).
 // Refusals and accept errors are logged at warning level once per burst.
@@ -38,8 +39,8 @@ func NewConnLimit(limit int, log *slog.Logger) *ConnLimit {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < uint64(1<<31) {
 		if fit := (int(rl.Cur) - fdReserve) / 2; fit < limit {
-			log.Warn("max_connections lowered to what the open-file limit holds",
-				"max_connections", limit, "lowered_to", fit, "nofile", rl.Cur)
+			log.Warn("connection limit lowered to what the open-file limit holds",
+				"limit", limit, "lowered_to", fit, "nofile", rl.Cur)
 			limit = fit
 		}
 	}
@@ -95,7 +96,7 @@ func (c *ConnLimit) refuse(conn net.Conn) {
 	c.mu.Lock()
 	c.refused++
 	if c.refused == 1 {
-		c.log.Warn("max_connections reached: refusing new gateway connections", "max_connections", c.max)
+		c.log.Warn("connection limit reached: refusing new connections", "limit", c.max)
 	}
 	answer := c.refusing < maxRefusing
 	if answer {
@@ -142,7 +143,7 @@ func (c *ConnLimit) acceptFailed(err error) {
 	defer c.mu.Unlock()
 	c.failures++
 	if c.failures == 1 {
-		c.log.Warn("gateway accept failing; retrying", "err", err, "open_connections", c.open.Load())
+		c.log.Warn("accept failing; retrying", "err", err, "open_connections", c.open.Load())
 	}
 }
 
@@ -151,7 +152,7 @@ func (c *ConnLimit) accepted() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.refused > 0 || c.failures > 0 {
-		c.log.Info("gateway accepting connections again", "refused", c.refused, "accept_errors", c.failures)
+		c.log.Info("accepting connections again", "refused", c.refused, "accept_errors", c.failures)
 		c.refused, c.failures = 0, 0
 	}
 }

@@ -59,7 +59,7 @@ func TestConnLimit_RefusesPastTheLimitAndLogsOncePerBurst(t *testing.T) {
 			t.Errorf("past the limit: %d %v", resp.StatusCode, resp.Header)
 		}
 	}
-	if n := strings.Count(logs.String(), "max_connections reached"); n != 1 {
+	if n := strings.Count(logs.String(), "connection limit reached"); n != 1 {
 		t.Errorf("%d warnings for one burst of refusals:\n%s", n, logs.String())
 	}
 	if limit.Open() != 2 {

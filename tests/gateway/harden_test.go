@@ -172,8 +172,8 @@ func TestHarden_MaxConnections(t *testing.T) {
 		s, err := health(client())
 		return err == nil && s == 200
 	})
-	n.WaitLog("gateway accepting connections again", 20*time.Second)
-	if c := strings.Count(n.Log(), "max_connections reached"); c != 1 {
+	n.WaitLog("accepting connections again", 20*time.Second)
+	if c := strings.Count(n.Log(), "connection limit reached"); c != 1 {
 		t.Errorf("%d warnings for one burst of refusals", c)
 	}
 }
