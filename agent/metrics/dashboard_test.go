@@ -133,6 +133,9 @@ func everyFamily(t *testing.T) map[string]*dto.MetricFamily {
 	m.Sleeps.WithLabelValues("a", "idle").Inc()
 	m.Decisions.WithLabelValues("a", "sleep", "idle").Inc()
 	m.Reloads.WithLabelValues("ok").Inc()
+	m.RoomWaits.WithLabelValues("a").Inc()
+	m.RoomWait.WithLabelValues("a").Observe(1)
+	m.Swaps.WithLabelValues("a", "yield").Inc()
 	fams := scrape(t, m)
 	for name := range fams {
 		if !strings.HasPrefix(name, "napd_") {
