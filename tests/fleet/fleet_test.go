@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -170,7 +169,7 @@ func TestFleet(t *testing.T) {
 			"nope\n":          "down #no model nope\n",
 			"qwen later\n":    "down #napd: unknown mode \"later\": want MODEL or MODEL awake\n",
 		} {
-			if got := agentAsk(t, host1.agent, line); got != want {
+			if got := harness.AskAgent(t, host1.agent, line); got != want {
 				t.Errorf("agent answer to %q = %q, want %q", line, got, want)
 			}
 		}
@@ -184,7 +183,7 @@ func TestFleet(t *testing.T) {
 		if err := <-woken; err != nil {
 			t.Fatalf("napctl wake qwen on host2: %v", err)
 		}
-		if got := agentAsk(t, host2.agent, "qwen awake\n"); got != "up ready 100% #awake, 0 queued\n" {
+		if got := harness.AskAgent(t, host2.agent, "qwen awake\n"); got != "up ready 100% #awake, 0 queued\n" {
 			t.Errorf("awake: %q", got)
 		}
 		f.waitServer(t, "napd_qwen", "host2", "UP", 100)
@@ -227,7 +226,7 @@ func TestFleet(t *testing.T) {
 			t.Fatalf("napctl wake qwen on host1 succeeded, want a failure: %s", out)
 		}
 		wantState(t, host1, "qwen", "failed")
-		if got := agentAsk(t, host1.agent, "qwen\n"); got != "down #failed, 0 queued\n" {
+		if got := harness.AskAgent(t, host1.agent, "qwen\n"); got != "down #failed, 0 queued\n" {
 			t.Errorf("failed: %q", got)
 		}
 		// HAProxy may have seen the failing wake as waking (weight 100):
@@ -416,31 +415,12 @@ func (f *fleet) statsLine(backend string) string {
 	return strings.Join(parts, "; ")
 }
 
-// agentAsk sends line to an agent-check port and returns the answer.
-func agentAsk(t *testing.T, addr, line string) string {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
-	if err != nil {
-		t.Fatalf("agent %s: %v", addr, err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(within))
-	if _, err := io.WriteString(c, line); err != nil {
-		t.Fatalf("agent %s: %v", addr, err)
-	}
-	b, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("agent %s: %v", addr, err)
-	}
-	return string(b)
-}
-
 // waitAgent asks until the answer to line starts with prefix.
 func waitAgent(t *testing.T, addr, line, prefix string) string {
 	t.Helper()
 	var got string
 	waitFor(t, func() string { return fmt.Sprintf("agent answer to %q starting %q (last %q)", line, prefix, got) }, func() bool {
-		got = agentAsk(t, addr, line)
+		got = harness.AskAgent(t, addr, line)
 		return strings.HasPrefix(got, prefix)
 	})
 	return got

@@ -18,14 +18,15 @@ import (
 // together, so every change of model is a swap.
 func twoThatDoNotFit(t *testing.T, policy string, extraA, extraB string) *harness.Napd {
 	t.Helper()
-	env := fakeGPU(t, 24<<10, map[string]int{"a": 16 << 10, "b": 16 << 10})
-	if policy == "" {
-		policy = harness.DefaultPolicy
-	}
-	n := harness.Start(t, harness.Options{
-		Models: demo("a", `gpu_memory = "16GiB"`+"\n"+extraA) + demo("b", `gpu_memory = "16GiB"`+"\n"+extraB),
-		Env:    env, Policy: policy,
-	})
+	return twoThatDoNotFitWith(t, harness.Options{Policy: policy}, extraA, extraB)
+}
+
+// twoThatDoNotFitWith is twoThatDoNotFit with more of napd's options.
+func twoThatDoNotFitWith(t *testing.T, o harness.Options, extraA, extraB string) *harness.Napd {
+	t.Helper()
+	o.Env = append(o.Env, fakeGPU(t, 24<<10, map[string]int{"a": 16 << 10, "b": 16 << 10})...)
+	o.Models = demo("a", `gpu_memory = "16GiB"`+"\n"+extraA) + demo("b", `gpu_memory = "16GiB"`+"\n"+extraB)
+	n := harness.Start(t, o)
 	requireFakeSMI(t, n)
 	return n
 }
