@@ -18,9 +18,13 @@ import (
 // roomConfirm later: the GPU's process list and the engines' are not read
 // at one instant, and an engine that is exiting can look, for one round,
 // like memory of a process napd does not manage.
+// A holder asked to sleep for a waiting wake is asked again after
+// roomReask if the plan still wants it (the lifecycle may have declined:
+// its engine reported work a moment before).
 const (
 	roomPoll    = 250 * time.Millisecond
 	roomConfirm = 100 * time.Millisecond
+	roomReask   = 5 * time.Second
 )
 
 // room is the make-room desk. A wake that does not fit registers here and
@@ -40,12 +44,12 @@ type room struct {
 // roomWait is one wake waiting for memory.
 type roomWait struct {
 	since   time.Time
-	answer  chan error       // buffered 1: nil (fits) or why the wake does not go ahead
-	waiting func(why string) // tells the model's loop what it waits for
-	holders []planner.Holder // what it waits for, as last planned
-	told    string           // the message last told
-	acted   map[string]bool  // holders already asked to sleep for it (model/reason)
-	refused bool             // the last round refused it: the next one confirms
+	answer  chan error           // buffered 1: nil (fits) or why the wake does not go ahead
+	waiting func(why string)     // tells the model's loop what it waits for
+	holders []planner.Holder     // what it waits for, as last planned
+	told    string               // the message last told
+	acted   map[string]time.Time // holders asked to sleep for it (model/reason), and when
+	refused bool                 // the last round refused it: the next one confirms
 }
 
 func newRoom() *room {
@@ -84,7 +88,7 @@ func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why stri
 			return nil // nothing to check it against
 		}
 	}
-	w := &roomWait{since: a.clock(), answer: make(chan error, 1), waiting: waiting, acted: make(map[string]bool)}
+	w := &roomWait{since: a.clock(), answer: make(chan error, 1), waiting: waiting, acted: make(map[string]time.Time)}
 	r := a.room
 	r.mu.Lock()
 	r.waits[name] = w
@@ -256,17 +260,21 @@ func (a *Agent) answerRoom(model string, w *roomWait, err error) {
 }
 
 // actForRoom asks the holders the plan puts to sleep, each once per
-// waiting wake: idle ones now, busy ones to yield. Demand overrides the
+// waiting wake (again after roomReask if still wanted): idle ones now, busy
+// ones to yield. Demand overrides the
 // idle minimum; the lifecycle still checks the proof of idleness.
 func (a *Agent) actForRoom(in planner.Input, plan planner.RoomPlan, waits map[string]*roomWait) {
 	var fresh []planner.Decision
 	for _, d := range plan.Sleeps {
 		w := waits[waiterOf(plan, d.Model)]
 		key := d.Model + "/" + string(d.Reason)
-		if w == nil || w.acted[key] {
+		if w == nil {
+			continue // its wake has not asked yet: it is asked for once it does
+		}
+		if at, ok := w.acted[key]; ok && a.clock().Sub(at) < roomReask {
 			continue
 		}
-		w.acted[key] = true
+		w.acted[key] = a.clock()
 		fresh = append(fresh, d)
 	}
 	a.act(in, fresh)
