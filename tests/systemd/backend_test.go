@@ -51,6 +51,14 @@ func TestMain(m *testing.M) {
 	case "exit1":
 		time.Sleep(300 * time.Millisecond)
 		os.Exit(1)
+	case "probe":
+		// Exit 0 when $URL answers 200: reachability from a namespace.
+		c := http.Client{Timeout: 2 * time.Second}
+		resp, err := c.Get(os.Getenv("URL"))
+		if err != nil || resp.StatusCode != http.StatusOK {
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
@@ -79,6 +87,7 @@ func TestBackendInBox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	installIsolation(t, ctx, b)
 	args := []string{"env", inBoxEnv + "=1", boxExe, "-test.run", "^TestInBox_", "-test.count=1"}
 	if testing.Verbose() {
 		args = append(args, "-test.v")
