@@ -44,6 +44,9 @@ type Socket struct {
 	// Inode identifies the socket in /proc/PID/fd ("socket:[INODE]"); 0
 	// for a connection not yet accepted or one in TIME_WAIT.
 	Inode uint64
+	// BytesAcked is what this end sent and the peer acknowledged
+	// (tcpi_bytes_acked); netlink only, 0 from /proc.
+	BytesAcked uint64
 }
 
 // Process names a process.
@@ -137,24 +140,32 @@ func (r Reader) Read() (*Table, error) {
 func readNetlink() ([]Socket, error) {
 	var out []Socket
 	for _, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
-		socks, err := netlink.SocketDiagTCP(family)
+		socks, err := netlink.SocketDiagTCPInfo(family)
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
-			socks, err = netlink.SocketDiagTCP(family)
+			socks, err = netlink.SocketDiagTCPInfo(family)
 		}
 		if err != nil {
 			return nil, err
 		}
-		for _, s := range socks {
+		for _, r := range socks {
+			s := r.InetDiagMsg
+			if s == nil {
+				continue
+			}
 			local, ok1 := netip.AddrFromSlice(s.ID.Source)
 			remote, ok2 := netip.AddrFromSlice(s.ID.Destination)
 			if !ok1 || !ok2 {
 				continue
 			}
-			out = append(out, Socket{
+			sock := Socket{
 				Local:  netip.AddrPortFrom(local.Unmap(), s.ID.SourcePort),
 				Remote: netip.AddrPortFrom(remote.Unmap(), s.ID.DestinationPort),
 				State:  s.State, UID: s.UID, Inode: uint64(s.INode),
-			})
+			}
+			if r.TCPInfo != nil {
+				sock.BytesAcked = r.TCPInfo.Bytes_acked
+			}
+			out = append(out, sock)
 		}
 	}
 	return out, nil
@@ -252,6 +263,37 @@ func (t *Table) Outside(port int) ([]Peer, error) {
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return a.Addr.Compare(b.Addr) })
 	return out, nil
+}
+
+// Conn names one connection: the engine's end and the client's.
+type Conn struct{ Local, Remote netip.AddrPort }
+
+// Sent is, for each established connection to port, what the engine's end
+// sent and had acknowledged: it grows only while the engine writes. nil
+// when the table came from /proc, which does not say.
+func (t *Table) Sent(port int) map[Conn]uint64 {
+	if t.Source != "netlink" {
+		return nil
+	}
+	out := make(map[Conn]uint64)
+	for _, s := range t.Sockets {
+		if s.State == StateEstablished && int(s.Local.Port()) == port {
+			out[Conn{s.Local, s.Remote}] = s.BytesAcked
+		}
+	}
+	return out
+}
+
+// Moved reports whether the engine wrote between two readings of Sent: a
+// connection sent more than before, or a new one sent anything. A
+// connection that closed is no sign either way.
+func Moved(before, after map[Conn]uint64) bool {
+	for c, n := range after {
+		if n > before[c] {
+			return true
+		}
+	}
+	return false
 }
 
 // lookup finds the owners of the wanted inodes: first among candidates,

@@ -3,6 +3,7 @@ package sockets
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 )
 
 const fixtures = "../testdata/sockets/"
@@ -270,4 +272,82 @@ func FuzzParseProcNet(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestMoved(t *testing.T) {
+	a := Conn{ap("127.0.0.1:8001"), ap("127.0.0.1:40000")}
+	b := Conn{ap("127.0.0.1:8001"), ap("127.0.0.1:40001")}
+	for _, tt := range []struct {
+		name          string
+		before, after map[Conn]uint64
+		want          bool
+	}{
+		{"no connections", nil, nil, false},
+		{"a stream that grows", map[Conn]uint64{a: 100}, map[Conn]uint64{a: 250}, true},
+		{"a stalled stream", map[Conn]uint64{a: 100}, map[Conn]uint64{a: 100}, false},
+		{"a closed connection", map[Conn]uint64{a: 100, b: 5}, map[Conn]uint64{a: 100}, false},
+		{"a new connection answered", map[Conn]uint64{a: 100}, map[Conn]uint64{a: 100, b: 20}, true},
+		{"a new connection not answered", map[Conn]uint64{a: 100}, map[Conn]uint64{a: 100, b: 0}, false},
+	} {
+		if got := Moved(tt.before, tt.after); got != tt.want {
+			t.Errorf("%s: Moved = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// The engine's end of a connection counts what it sent, not what it
+// received: a stopped engine that reads nothing and writes nothing shows
+// no progress while its clients send.
+func TestTable_SentLive(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	read := func() map[Conn]uint64 {
+		tab, err := Reader{}.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tab.Source != "netlink" {
+			t.Skip("no netlink sock_diag here")
+		}
+		return tab.Sent(port)
+	}
+	before := read()
+	if len(before) != 1 {
+		t.Fatalf("Sent = %v, want one connection", before)
+	}
+	client.Write([]byte("GET /health HTTP/1.1\r\n\r\n")) // the engine does not read
+	if Moved(before, read()) {
+		t.Error("bytes the client sent count as the engine's progress")
+	}
+	if _, err := server.Write([]byte("data: tok\n\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 11)
+	if _, err := io.ReadFull(client, buf); err != nil {
+		t.Fatal(err)
+	}
+	// The client's kernel acknowledges soon after (a delayed ACK at most).
+	for end := time.Now().Add(10 * time.Second); !Moved(before, read()); {
+		if time.Now().After(end) {
+			t.Fatalf("the engine wrote, but Sent stays %v", before)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if (&Table{Source: "/proc/net/tcp"}).Sent(port) != nil {
+		t.Error("/proc has no byte counts: Sent must be nil")
+	}
 }
