@@ -22,6 +22,7 @@
 //	m.RequestSleep(now, req, ev)     // planner or operator: IssueSleep | Declined | None
 //	m.SleepDone(now, op, err, ev)    // may StartWake if demand arrived meanwhile
 //	m.EngineExited(now, reason, ev)  // unexpected exit only (not a stop napd asked for)
+//	m.EngineHung(now, why)           // awake, failing health, no progress (Watch)
 //	m.Tick(now, ev)                  // periodically: drain and wake deadlines
 //	m.Reset(now); m.Reload(now, p)   // operator reset, config reload
 //
@@ -164,7 +165,11 @@ func (m *Machine) RequestSleep(now time.Time, req SleepRequest, ev Evidence) Dec
 	if ev.Engine == EngineBusy && (req.Reason != Demand || ev.Leases.Active == 0) {
 		// A yielding holder's engine is busy with napd's own requests, which
 		// the drain waits for; without a lease the work is someone else's.
-		return Decision{Action: Declined, Reason: "engine reports requests running or waiting"}
+		why := "engine reports requests running or waiting"
+		if ev.Detail != "" {
+			why = ev.Detail
+		}
+		return Decision{Action: Declined, Reason: why}
 	}
 	if req.Reason != Operator {
 		if ev.Leases.Active > 0 && req.Reason != Demand {
@@ -176,8 +181,12 @@ func (m *Machine) RequestSleep(now time.Time, req SleepRequest, ev Evidence) Dec
 				idle.Round(time.Second), m.policy.IdleMinimum)}
 		}
 		if ev.Engine == EngineNoEvidence && !m.policy.AllowUntrackedUnload {
-			const why = "automatic unload unsupported: the engine reports no activity metrics, so requests bypassing napd cannot be ruled out (allow_untracked_unload overrides)"
-			if m.state != Unsupported {
+			missing := ev.Detail
+			if missing == "" {
+				missing = "the engine reports no activity"
+			}
+			why := "automatic unload unsupported: " + missing + ", so requests bypassing napd cannot be ruled out (allow_untracked_unload overrides)"
+			if m.state != Unsupported || m.reason != why {
 				m.set(now, Unsupported, why)
 			}
 			return Decision{Action: Declined, Reason: why}
@@ -301,6 +310,24 @@ func (m *Machine) EngineExited(now time.Time, reason string, leases lease.Eviden
 	return Decision{}
 }
 
+// EngineHung handles an awake engine that stopped answering its health
+// probes while its evidence showed no progress (see Watch): napd no longer
+// knows whether it serves. The model becomes Unverified: nothing more is
+// admitted, requests in flight end on their own, and the next arrival's
+// verification wake restarts the engine. It spends one wake attempt; with
+// the budget spent the model is Failed.
+func (m *Machine) EngineHung(now time.Time, why string) Decision {
+	if m.state != Awake && m.state != Unsupported {
+		return Decision{}
+	}
+	if d, failed := m.spend(now, "engine stopped answering: "+why); failed {
+		return d
+	}
+	m.set(now, Unverified, fmt.Sprintf("engine stopped answering: %s; restarted on the next request (wake attempt %d of %d spent)",
+		why, m.attempts, m.policy.WakeAttempts))
+	return Decision{Reason: m.reason}
+}
+
 // Tick checks deadlines: a drain past drain_timeout is abandoned (the model
 // stays awake), a wake past wake_timeout fails its attempt. A drain whose
 // leases are all gone issues its sleep, in case the LastLeaseEnded was missed.
@@ -378,14 +405,23 @@ func (m *Machine) abandonWake(now time.Time, why string, leases lease.Evidence) 
 // (queued requests are refused), else the next attempt if demand waits,
 // else Sleeping so a later demand can wake it.
 func (m *Machine) failAttempt(now time.Time, why string, leases lease.Evidence) Decision {
-	m.attempts++
-	if m.attempts >= m.policy.WakeAttempts {
-		m.set(now, Failed, fmt.Sprintf("failed: %s (%d of %d attempts)", why, m.attempts, m.policy.WakeAttempts))
-		d := m.refuse(CodeModelFailed, m.reason)
-		d.Action = RefuseWaiting
+	if d, failed := m.spend(now, why); failed {
 		return d
 	}
 	return m.settle(now, Sleeping, fmt.Sprintf("wake attempt %d of %d failed: %s", m.attempts, m.policy.WakeAttempts, why), leases)
+}
+
+// spend counts one failed attempt. With the budget spent the model is
+// Failed and the returned decision refuses the queued requests.
+func (m *Machine) spend(now time.Time, why string) (Decision, bool) {
+	m.attempts++
+	if m.attempts < m.policy.WakeAttempts {
+		return Decision{}, false
+	}
+	m.set(now, Failed, fmt.Sprintf("failed: %s (%d of %d attempts)", why, m.attempts, m.policy.WakeAttempts))
+	d := m.refuse(CodeModelFailed, m.reason)
+	d.Action = RefuseWaiting
+	return d, true
 }
 
 // settle moves to a non-serving state, or starts a wake when live leases

@@ -775,3 +775,55 @@ func TestMachine_CancelYield(t *testing.T) {
 	b.wantState(lifecycle.Draining)
 	b.finish(stream, lease.Outcome{})
 }
+
+// The reason of an unsupported model says what is missing, and a busy
+// engine's decline says what it is busy with.
+func TestMachine_EvidenceDetail(t *testing.T) {
+	b := newBox(t, policy, lifecycle.ReportServing)
+	b.advance(time.Hour)
+	missing := "no socket listens on 127.0.0.1:8001 in napd's network namespace"
+	d := b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.IdleTimeout},
+		lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineNoEvidence, Detail: missing})
+	want(t, d, lifecycle.Declined)
+	if snap := b.wantState(lifecycle.Unsupported); !strings.Contains(snap.Reason, "unsupported: "+missing+", so requests bypassing napd") {
+		t.Fatalf("reason = %q", snap.Reason)
+	}
+	outside := "in use outside napd: 127.0.0.1:54012 (pid 4711, curl)"
+	d = b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.IdleTimeout},
+		lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineBusy, Detail: outside})
+	if d.Action != lifecycle.Declined || d.Reason != outside {
+		t.Fatalf("busy decline = %+v", d)
+	}
+}
+
+func TestMachine_EngineHung(t *testing.T) {
+	// Awake: unverified, one attempt spent; the next arrival restarts it.
+	b := newBox(t, policy, lifecycle.ReportServing)
+	want(t, b.m.EngineHung(b.now, "3 health probes failed"), lifecycle.None)
+	snap := b.wantState(lifecycle.Unverified)
+	if snap.Attempts != 1 || !strings.Contains(snap.Reason, "engine stopped answering: 3 health probes failed") {
+		t.Fatalf("after hung: %+v", snap)
+	}
+	id, d := b.arrive(lease.Request{})
+	wake := want(t, d, lifecycle.StartWake)
+	if wake.Attempt != 2 {
+		t.Fatalf("restart is attempt %d, want 2 (one spent)", wake.Attempt)
+	}
+	want(t, b.wakeDone(wake.Op, nil), lifecycle.AdmitWaiting)
+	if snap := b.wantState(lifecycle.Awake); snap.Attempts != 0 {
+		t.Fatalf("attempts after a verified wake = %d", snap.Attempts)
+	}
+	b.finish(id, lease.Outcome{})
+
+	// Not awake: nothing to do.
+	b = newBox(t, policy, lifecycle.ReportAsleep)
+	want(t, b.m.EngineHung(b.now, "x"), lifecycle.None)
+	b.wantState(lifecycle.Sleeping)
+
+	// With the budget spent: failed.
+	p := policy
+	p.WakeAttempts = 1
+	b = newBox(t, p, lifecycle.ReportServing)
+	want(t, b.m.EngineHung(b.now, "x"), lifecycle.RefuseWaiting)
+	b.wantState(lifecycle.Failed)
+}

@@ -186,6 +186,11 @@ func (a EngineActivity) String() string {
 type Evidence struct {
 	Leases lease.Evidence
 	Engine EngineActivity
+	// Detail says what the engine evidence is, or what is missing for
+	// it, for reasons: "in use outside napd: 127.0.0.1:54012 (pid 4711,
+	// curl)", "no socket listens on 127.0.0.1:8001 …". "" when nothing to
+	// say.
+	Detail string
 }
 
 // Report is what the supervisor says about an engine at napd's start.
