@@ -81,6 +81,11 @@ type Result struct {
 	// Unrelieved describes pressure that remains after the decisions
 	// because no idle, unpinned model could relieve it.
 	Unrelieved []string
+	// Unproven names the awake, unpinned models past their idle_timeout
+	// with no lease whose engine gives no evidence (EngineNone, without
+	// allow_untracked_unload): they would sleep if their idleness could be
+	// proven. The lifecycle marks them unsupported, saying what is missing.
+	Unproven []string
 }
 
 // Plan decides which models to put to sleep now:
@@ -104,7 +109,7 @@ func Plan(in Input) Result {
 		p.gpuPressure(g)
 	}
 	p.hostPressure()
-	return Result{Decisions: p.decisions, Unrelieved: p.unrelieved}
+	return Result{Decisions: p.decisions, Unrelieved: p.unrelieved, Unproven: p.unproven}
 }
 
 type planner struct {
@@ -113,6 +118,7 @@ type planner struct {
 	chosen     map[string]bool
 	decisions  []Decision
 	unrelieved []string
+	unproven   []string
 }
 
 func newPlanner(in *Input) *planner {
@@ -159,8 +165,14 @@ func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 func (p *planner) idle() {
 	now := p.in.Now
 	for _, m := range p.byLRU {
-		if m.IdleTimeout > 0 && m.evictable(now) && m.idleFor(now) >= m.IdleTimeout {
+		if m.IdleTimeout <= 0 || m.idleFor(now) < m.IdleTimeout || m.Leases.IdleSince.IsZero() {
+			continue
+		}
+		switch {
+		case m.evictable(now):
 			p.decide(m, ReasonIdle, "idle_timeout "+m.IdleTimeout.String()+" passed")
+		case m.State == StateAwake && !m.pinned() && m.Leases.Active == 0 && m.Engine == EngineNone && !m.AllowUntracked:
+			p.unproven = append(p.unproven, m.Name)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"reflect"
 	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -95,6 +96,7 @@ func TestPlan_Rules(t *testing.T) {
 		in         Input
 		want       []want
 		unrelieved int
+		unproven   []string
 	}{
 		{
 			name: "idle past its timeout sleeps with its strategy",
@@ -114,8 +116,9 @@ func TestPlan_Rules(t *testing.T) {
 			in:   roomy(model("a", engine(EngineBusy), idleFor(time.Hour))),
 		},
 		{
-			name: "never: unprovable idleness without allow_untracked_unload",
-			in:   roomy(model("a", engine(EngineNone), idleFor(time.Hour))),
+			name:     "never: unprovable idleness without allow_untracked_unload",
+			in:       roomy(model("a", engine(EngineNone), idleFor(time.Hour)), model("b", engine(EngineNone), idleFor(time.Second)), model("c", engine(EngineNone), pinned, idleFor(time.Hour))),
+			unproven: []string{"a"},
 		},
 		{
 			name: "unprovable idleness with allow_untracked_unload sleeps",
@@ -254,6 +257,9 @@ func TestPlan_Rules(t *testing.T) {
 			got := Plan(tt.in)
 			if s := summary(got.Decisions); !reflect.DeepEqual(s, tt.want) {
 				t.Errorf("decisions = %+v\nwant %+v", s, tt.want)
+			}
+			if !slices.Equal(got.Unproven, tt.unproven) {
+				t.Errorf("unproven = %q, want %q", got.Unproven, tt.unproven)
 			}
 			if len(got.Unrelieved) != tt.unrelieved {
 				t.Errorf("unrelieved = %q, want %d", got.Unrelieved, tt.unrelieved)

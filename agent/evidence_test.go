@@ -1,0 +1,49 @@
+package agent
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/planner"
+	"github.com/napd/napd/probes/enginemetrics"
+	"github.com/napd/napd/probes/sockets"
+)
+
+func TestActivity(t *testing.T) {
+	curl := sockets.Peer{Addr: netip.MustParseAddrPort("127.0.0.1:54012"), Process: sockets.Process{PID: 4711, Name: "curl"}}
+	remote := sockets.Peer{Addr: netip.MustParseAddrPort("10.0.0.7:41000")}
+	idleVLLM := enginemetrics.Evidence{Engine: "vllm", Counts: true}
+	busyVLLM := enginemetrics.Evidence{Engine: "vllm", Counts: true, Running: 2}
+	ollama := enginemetrics.Evidence{Engine: "ollama", Held: []enginemetrics.Held{}}
+	tests := []struct {
+		name   string
+		mode   string
+		r      engineReading
+		want   planner.Engine
+		detail string
+	}{
+		{"auto: metrics idle, despite a keep-alive client", config.EvidenceAuto, engineReading{metrics: idleVLLM, listening: true, peers: []sockets.Peer{curl}}, planner.EngineIdle, ""},
+		{"auto: metrics busy", config.EvidenceAuto, engineReading{metrics: busyVLLM, listening: true}, planner.EngineBusy, "2 requests running and 0 waiting"},
+		{"auto: no metrics, nobody outside", config.EvidenceAuto, engineReading{listening: true}, planner.EngineIdle, ""},
+		{"auto: Ollama has no counts: connections", config.EvidenceAuto, engineReading{metrics: ollama, listening: true, peers: []sockets.Peer{curl}}, planner.EngineBusy, "in use outside napd: 127.0.0.1:54012 (pid 4711, curl)"},
+		{"auto: a client on another host", config.EvidenceAuto, engineReading{listening: true, peers: []sockets.Peer{remote}}, planner.EngineBusy, "in use outside napd: 10.0.0.7:41000"},
+		{"auto: engine in another namespace", config.EvidenceAuto, engineReading{}, planner.EngineNone, "no socket listens on 127.0.0.1:8001"},
+		{"auto: table unreadable", config.EvidenceAuto, engineReading{tableErr: errors.New("permission denied")}, planner.EngineNone, "socket table cannot be read (permission denied)"},
+		{"connections: ignores the metrics", config.EvidenceConnections, engineReading{metrics: busyVLLM, listening: true}, planner.EngineIdle, ""},
+		{"metrics: none published", config.EvidenceMetrics, engineReading{listening: true}, planner.EngineNone, "publishes no activity metrics"},
+		{"leases: nothing else counts", config.EvidenceLeases, engineReading{metrics: idleVLLM, listening: true}, planner.EngineNone, `evidence = "leases"`},
+	}
+	for _, tt := range tests {
+		got, detail := activity(tt.mode, 8001, tt.r)
+		if got != tt.want || !strings.Contains(detail, tt.detail) || (tt.detail == "" && detail != "") {
+			t.Errorf("%s: %v %q, want %v %q", tt.name, got, detail, tt.want, tt.detail)
+		}
+	}
+	many := []sockets.Peer{curl, remote, curl, remote, curl}
+	if got := inUseOutside(many); !strings.HasSuffix(got, ", and 2 more") {
+		t.Errorf("five clients: %q", got)
+	}
+}
