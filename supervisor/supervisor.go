@@ -189,6 +189,13 @@ func (s *Supervisor) wake(ctx context.Context, spec Spec, verify Verify, checkPo
 	return nil
 }
 
+// Probe asks an awake engine's health path once, within ctx and the probe
+// timeout: nil when it answered 200. It watches engines that serve; it
+// neither starts nor wakes anything.
+func (s *Supervisor) Probe(ctx context.Context, spec Spec) error {
+	return s.target(spec).probe(ctx)
+}
+
 // wakeIfAsleep runs the wake sequence of the strategy the engine sleeps by,
 // when it sleeps.
 func (s *Supervisor) wakeIfAsleep(ctx context.Context, t target) (bool, error) {

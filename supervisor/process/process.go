@@ -349,6 +349,9 @@ func (b *Backend) terminate(ctx context.Context, model string, e *engine, timeou
 		timeout = DefaultStopTimeout
 	}
 	_ = syscall.Kill(-e.pid, syscall.SIGTERM)
+	// A stopped engine (SIGSTOP, a debugger) handles SIGTERM only once it
+	// runs again, as systemd does it.
+	_ = syscall.Kill(-e.pid, syscall.SIGCONT)
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {

@@ -1,0 +1,133 @@
+package evidence_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/tests/harness"
+)
+
+// modelsReason is the napd.reason /v1/models lists for model.
+func modelsReason(t *testing.T, n *harness.Napd, model string) string {
+	t.Helper()
+	resp, err := http.Get(n.URL("/v1/models"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID   string `json:"id"`
+			Napd struct {
+				Reason string `json:"reason"`
+			} `json:"napd"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range list.Data {
+		if m.ID == model {
+			return m.Napd.Reason
+		}
+	}
+	t.Fatalf("/v1/models lists no %s", model)
+	return ""
+}
+
+// An engine with no metrics sleeps on its idle timeout by connection
+// evidence; a client outside napd holding a keep-alive connection to its
+// port keeps it awake (and status says who), until it closes.
+func TestIdle_ConnectionEvidence(t *testing.T) {
+	port := harness.FreePort(t)
+	n := harness.Start(t, harness.Options{Models: harness.DemoModel("g",
+		fmt.Sprintf("port = %d\nidle_timeout = \"4s\"", port), "--flavor", "generic", "--ttft", "0")})
+	if code, body := chat(t, n, "g"); code != http.StatusOK {
+		t.Fatalf("chat = %d %s", code, body)
+	}
+	outside, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outside.Close()
+	fmt.Fprintf(outside, "GET /v1/models HTTP/1.1\r\nHost: engine\r\n\r\n") // keep-alive by default
+	want := fmt.Sprintf("in use outside napd: %s (pid %d, ", outside.LocalAddr(), os.Getpid())
+
+	// The idle timeout passes while the client stays connected: awake,
+	// and status says why.
+	end := time.Now().Add(deadline)
+	for {
+		m := n.ModelStatus("g")
+		if m.State != "awake" {
+			t.Fatalf("model %s (%s) with a client outside napd connected", m.State, m.Reason)
+		}
+		if strings.Contains(m.Reason, want) && m.IdleSince != nil && time.Since(*m.IdleSince) > 4*time.Second {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("status reason %q, want %q past the idle timeout", m.Reason, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r := modelsReason(t, n, "g"); !strings.Contains(r, want) {
+		t.Errorf("/v1/models reason %q, want %q", r, want)
+	}
+
+	// Once it closes, idleness is proven (napd's own pooled connections
+	// to the engine do not count) and the model sleeps.
+	outside.Close()
+	m := waitState(t, n, "g", "sleeping", deadline)
+	if !strings.Contains(m.Reason, "idle timeout") {
+		t.Errorf("asleep for %q, want the idle timeout", m.Reason)
+	}
+}
+
+// Engines napd had no evidence for before: each flavor sleeps on its idle
+// timeout (llama.cpp and TGI by their metrics, Ollama and a plain server by
+// connections).
+func TestIdle_EveryFlavorSleeps(t *testing.T) {
+	models := harness.DemoModel("llama", `idle_timeout = "2s"`, "--flavor", "llamacpp", "--metrics", "--ttft", "0") +
+		harness.DemoModel("llama-slots", `idle_timeout = "2s"`, "--flavor", "llamacpp", "--ttft", "0") +
+		harness.DemoModel("tgi", `idle_timeout = "2s"`, "--flavor", "tgi", "--ttft", "0") +
+		harness.DemoModel("ollama", "idle_timeout = \"2s\"\nhealth = \"/\"", "--flavor", "ollama", "--ttft", "0") +
+		harness.DemoModel("generic", `idle_timeout = "2s"`, "--flavor", "generic", "--ttft", "0")
+	n := harness.Start(t, harness.Options{Models: models})
+	names := []string{"llama", "llama-slots", "tgi", "ollama", "generic"}
+	for _, name := range names {
+		if code, body := chat(t, n, name); code != http.StatusOK {
+			t.Fatalf("chat %s = %d %s", name, code, body)
+		}
+	}
+	for _, name := range names {
+		m := waitState(t, n, name, "sleeping", deadline)
+		if !strings.Contains(m.Reason, "idle timeout") {
+			t.Errorf("%s asleep for %q, want the idle timeout", name, m.Reason)
+		}
+	}
+}
+
+// evidence = "leases" keeps the old behaviour: unsupported, with the
+// reason saying what is missing, and still serving.
+func TestIdle_LeasesOnlyIsUnsupported(t *testing.T) {
+	n := harness.Start(t, harness.Options{Models: harness.DemoModel("g",
+		"idle_timeout = \"2s\"\nevidence = \"leases\"", "--flavor", "generic", "--ttft", "0")})
+	if code, body := chat(t, n, "g"); code != http.StatusOK {
+		t.Fatalf("chat = %d %s", code, body)
+	}
+	m := waitState(t, n, "g", "unsupported", deadline)
+	if !strings.Contains(m.Reason, `evidence = "leases"`) || !strings.Contains(m.Reason, "allow_untracked_unload") {
+		t.Errorf("reason %q, want what is missing", m.Reason)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	if resp, body, err := n.Post(ctx, "/v1/chat/completions", harness.Chat("g", false, 2)); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("an unsupported model must serve: %v %s", err, body)
+	}
+}
