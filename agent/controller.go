@@ -45,7 +45,7 @@ func (a *Agent) Status() control.Status {
 		s := m.Snapshot()
 		ev, _ := a.tracker.Evidence(m.Name())
 		row := control.ModelStatus{
-			Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: s.Lifecycle.Reason,
+			Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: a.reason(m.Name(), s.Lifecycle),
 			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: s.Config.Transport, Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
 			Leases: ev.Active, QueueDepth: s.QueueDepth, LastWakeMs: s.Lifecycle.LastWake.Milliseconds(),
 			Attempts: s.Lifecycle.Attempts, Footprint: a.footprint(s.Config),

@@ -1,13 +1,17 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/sockets"
+	"github.com/napd/napd/supervisor"
 )
 
 // engineReading is what one measuring round found out about a serving
@@ -60,4 +64,70 @@ func inUseOutside(peers []sockets.Peer) string {
 		names = append(names, p.String())
 	}
 	return "in use outside napd: " + strings.Join(names, ", ")
+}
+
+// judgeEngines decides, for every serving model, what its evidence says of
+// its engine: its own figures (scraped by measure) and the connections to
+// its port, from one reading of the socket table per round.
+func (a *Agent) judgeEngines(ms *measurement) {
+	tab, tabErr := sockets.Reader{}.Read()
+	for _, m := range a.reg.Load().list {
+		s := m.Snapshot()
+		mm, ok := ms.models[m.Name()]
+		if !ok || !s.Lifecycle.State.Serving() {
+			continue
+		}
+		r := engineReading{metrics: mm.engine, tableErr: tabErr}
+		port := s.Spec.Port
+		if s.Config.Transport == config.TransportHTTP && tabErr == nil {
+			r.listening = len(tab.Listeners(port, mm.proc.PIDs)) > 0
+			var err error
+			if r.peers, err = tab.Outside(port); err != nil {
+				r.tableErr = err
+			}
+			if len(r.peers) > 0 {
+				mm.outside = inUseOutside(r.peers)
+			}
+		}
+		mm.activity, mm.detail = activity(s.Config.Evidence, port, r)
+		ms.models[m.Name()] = mm
+	}
+}
+
+// reason is a model's reason in status and /v1/models: the lifecycle's,
+// and who uses a serving engine without napd.
+func (a *Agent) reason(name string, lc lifecycle.Snapshot) string {
+	ms := a.measured.Load()
+	if ms == nil || !lc.State.Serving() {
+		return lc.Reason
+	}
+	out := ms.models[name].outside
+	switch {
+	case out == "" || strings.Contains(lc.Reason, out):
+		return lc.Reason
+	case lc.Reason == "":
+		return out
+	}
+	return lc.Reason + "; " + out
+}
+
+// probeEngine is a model's health probe of its awake engine (model.Deps
+// Probe): one request to its health path and, beside it, its work counters
+// when it publishes them; then what it sent on each connection to its
+// port.
+func (a *Agent) probeEngine(ctx context.Context, spec supervisor.Spec, cfg *config.Model) model.ProbeResult {
+	var r model.ProbeResult
+	counters := make(chan enginemetrics.Evidence, 1)
+	go func() {
+		ev, _ := a.scraper.Scrape(ctx, spec.BaseURL(), cfg.ActivityMetrics)
+		counters <- ev
+	}()
+	r.Err = a.sup.Probe(ctx, spec)
+	if ev := <-counters; ev.HaveProgress {
+		r.Progress.Counters, r.Progress.HaveCounters = ev.Progress, true
+	}
+	if tab, err := (sockets.Reader{}).Read(); err == nil {
+		r.Progress.Sent = tab.Sent(spec.Port)
+	}
+	return r
 }

@@ -100,6 +100,12 @@ type modelMeasure struct {
 	engine   enginemetrics.Evidence
 	proc     supervisor.Status
 	gpuBytes map[int]int64
+	// activity is what the model's evidence says of its engine, detail
+	// what it is busy with or what is missing; outside names the clients
+	// of a serving engine that bypass napd ("" when none).
+	activity planner.Engine
+	detail   string
+	outside  string
 }
 
 // measure runs the probes. Engine metrics are scraped only from engines
@@ -142,6 +148,7 @@ func (a *Agent) measure(ctx context.Context) *measurement {
 		}()
 	}
 	wg.Wait()
+	a.judgeEngines(ms)
 	for name, per := range gpu.ModelUsage(pids, ms.gpus.Processes) {
 		mm := ms.models[name]
 		mm.gpuBytes = per
@@ -178,7 +185,7 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 			GPUs: s.Config.GPUs, Footprint: a.footprint(s.Config), IdleTimeout: s.Config.IdleTimeout,
 			IdleMinimum:    model.PolicyOf(s.Config).IdleMinimum,
 			Leases:         planner.Leases{Active: ev.Active, IdleSince: idleSince},
-			Engine:         plannerEngine(mm.engine),
+			Engine:         mm.activity,
 			AllowUntracked: s.Config.AllowUntrackedUnload,
 			LastUsed:       s.LastUsed,
 			GPUBytes:       mm.gpuBytes,
@@ -201,16 +208,6 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 		in.Estimate()
 	}
 	return in
-}
-
-func plannerEngine(e enginemetrics.Evidence) planner.Engine {
-	switch {
-	case !e.Have():
-		return planner.EngineNone
-	case e.Idle():
-		return planner.EngineIdle
-	}
-	return planner.EngineBusy
 }
 
 func lifecycleEngine(e planner.Engine) lifecycle.EngineActivity {
@@ -243,7 +240,8 @@ func (a *Agent) plan(ctx context.Context) {
 		in.GPUs = nil // no sleep for GPU pressure napd cannot see
 	}
 	res := planner.Plan(in)
-	a.act(in, res.Decisions)
+	a.act(ms, res.Decisions)
+	a.unproven(ms, res.Unproven)
 	// Pressure that nothing can relieve is logged when it starts or
 	// changes, not every round.
 	unrelieved := strings.Join(res.Unrelieved, "; ")
@@ -258,11 +256,7 @@ func (a *Agent) plan(ctx context.Context) {
 }
 
 // act asks each decided model to sleep; the lifecycle has the last word.
-func (a *Agent) act(in planner.Input, decisions []planner.Decision) {
-	engines := make(map[string]planner.Engine, len(in.Models))
-	for _, m := range in.Models {
-		engines[m.Name] = m.Engine
-	}
+func (a *Agent) act(ms *measurement, decisions []planner.Decision) {
 	reg := a.reg.Load()
 	for _, d := range decisions {
 		m := reg.byName[d.Model]
@@ -277,8 +271,21 @@ func (a *Agent) act(in planner.Input, decisions []planner.Decision) {
 		}
 		a.publishEvent(controlDecision(d))
 		req := lifecycle.SleepRequest{Reason: reason, Strategy: d.Strategy, Cause: string(d.Reason)}
-		act := lifecycleEngine(engines[d.Model])
-		m.RequestSleep(req, act)
+		mm := ms.models[d.Model]
+		m.RequestSleep(req, lifecycleEngine(mm.activity), mm.detail)
+	}
+}
+
+// unproven hands the lifecycle the idle sleep of models whose idleness
+// cannot be proven: it declines it and marks them unsupported, saying
+// what is missing.
+func (a *Agent) unproven(ms *measurement, names []string) {
+	reg := a.reg.Load()
+	for _, name := range names {
+		if m := reg.byName[name]; m != nil {
+			m.RequestSleep(lifecycle.SleepRequest{Reason: lifecycle.IdleTimeout, Cause: string(planner.ReasonIdle)},
+				lifecycle.EngineNoEvidence, ms.models[name].detail)
+		}
 	}
 }
 

@@ -110,6 +110,7 @@ func (a *Agent) modelDeps() model.Deps {
 		MakeRoom:      a.makeRoom,
 		WaitingFor:    a.room.waitingFor,
 		Idle:          a.room.poke,
+		Probe:         a.probeEngine,
 		Log:           a.log,
 		Ctx:           a.ctx,
 	}
@@ -305,7 +306,7 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
 		s := m.Snapshot()
-		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: s.Lifecycle.Reason,
+		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: g.agent().reason(m.Name(), s.Lifecycle),
 			Serving: s.Lifecycle.State.Serving()}
 		if holders := g.agent().room.waitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders

@@ -184,7 +184,7 @@ func (a *Agent) roomRound(ctx context.Context) time.Duration {
 		waiters = append(waiters, planner.Waiter{Model: name, Oldest: oldest, Deadline: s.Deadline, Requests: s.QueueDepth})
 	}
 	plan := planner.PlanRoom(in, waiters)
-	a.actForRoom(in, plan, waits)
+	a.actForRoom(ms, plan, waits)
 	var next time.Duration
 	for _, t := range plan.Turns {
 		w := waits[t.Model]
@@ -263,7 +263,7 @@ func (a *Agent) answerRoom(model string, w *roomWait, err error) {
 // waiting wake (again after roomReask if still wanted): idle ones now, busy
 // ones to yield. Demand overrides the
 // idle minimum; the lifecycle still checks the proof of idleness.
-func (a *Agent) actForRoom(in planner.Input, plan planner.RoomPlan, waits map[string]*roomWait) {
+func (a *Agent) actForRoom(ms *measurement, plan planner.RoomPlan, waits map[string]*roomWait) {
 	var fresh []planner.Decision
 	for _, d := range plan.Sleeps {
 		w := waits[waiterOf(plan, d.Model)]
@@ -277,7 +277,7 @@ func (a *Agent) actForRoom(in planner.Input, plan planner.RoomPlan, waits map[st
 		w.acted[key] = a.clock()
 		fresh = append(fresh, d)
 	}
-	a.act(in, fresh)
+	a.act(ms, fresh)
 }
 
 // waiterOf is the waiting model a holder is put to sleep for.

@@ -245,7 +245,7 @@ func (m *Model) operatorSleep(strategy string, result chan error) {
 		result <- fmt.Errorf("sleep %s: unknown strategy %q", m.name, strategy)
 		return
 	}
-	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.EngineNoEvidence)
+	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.EngineNoEvidence, "")
 	switch {
 	case d.Action == lifecycle.Declined:
 		result <- fmt.Errorf("sleep %s: %s", m.name, d.Reason)
@@ -278,7 +278,7 @@ func (m *Model) afterIdle() {
 	}
 	switch st := m.machine.Snapshot().State; {
 	case st.Serving():
-		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: config.SleepStop}, lifecycle.EngineNoEvidence)
+		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: config.SleepStop}, lifecycle.EngineNoEvidence, "")
 		return
 	case st == lifecycle.Waking || st == lifecycle.Draining:
 		return // its result calls afterIdle again
@@ -336,6 +336,7 @@ func (m *Model) reconfigure(mc *config.Model, spec supervisor.Spec) {
 	}
 	m.cfg = mc
 	m.machine.Reload(m.now(), PolicyOf(mc))
+	m.watch, m.watched = newWatch(mc), nil // watched afresh with the new interval
 	if specChanged {
 		m.spec = spec
 		m.restart = true

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/fakeclock"
+	"github.com/napd/napd/probes/sockets"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -77,6 +79,7 @@ type rig struct {
 	clock  *fakeclock.Clock
 	events chan control.Event
 	cfg    *config.Model
+	probes chan chan ProbeResult // each health probe, answered by the test
 }
 
 func testConfig(name string) *config.Model {
@@ -111,6 +114,7 @@ func newRigWith(t *testing.T, found supervisor.Observed, tune func(*config.Model
 		sup:    &fakeSupervisor{calls: make(chan call, 16), observe: found},
 		clock:  fakeclock.New(time.Unix(1_800_000_000, 0)),
 		events: make(chan control.Event, 1024),
+		probes: make(chan chan ProbeResult, 16),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d := Deps{
@@ -120,8 +124,18 @@ func newRigWith(t *testing.T, found supervisor.Observed, tune func(*config.Model
 		Emit:       func(e control.Event) { r.events <- e },
 		Clock:      r.clock.Now,
 		MakeRoom:   func(context.Context, string, func(string)) error { return nil },
-		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Ctx:        ctx,
+		Probe: func(ctx context.Context, _ supervisor.Spec, _ *config.Model) ProbeResult {
+			reply := make(chan ProbeResult, 1)
+			r.probes <- reply
+			select {
+			case res := <-reply:
+				return res
+			case <-ctx.Done():
+				return ProbeResult{Err: ctx.Err()}
+			}
+		},
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ctx: ctx,
 	}
 	if with != nil {
 		with(&d)
@@ -632,7 +646,7 @@ func TestAdmissionFairShare(t *testing.T) {
 func (r *rig) yieldWithOneQueued() (inFlight *gateway.Ticket, late *admission) {
 	r.t.Helper()
 	inFlight = r.granted(r.admit(context.Background()))
-	r.m.RequestSleep(lifecycle.SleepRequest{Reason: lifecycle.Demand, Cause: "yield"}, lifecycle.EngineBusy)
+	r.m.RequestSleep(lifecycle.SleepRequest{Reason: lifecycle.Demand, Cause: "yield"}, lifecycle.EngineBusy, "")
 	r.until("yielding", func(s Snapshot) bool { return s.Lifecycle.Yielding })
 	late = r.admit(context.Background())
 	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
@@ -712,4 +726,78 @@ func TestRoomWaitEndsIn504NamingTheHolders(t *testing.T) {
 		t.Errorf("a room wait spent %d wake attempts", s.Attempts)
 	}
 	r.noCall()
+}
+
+// probe waits for the loop's next health probe and answers it.
+func (r *rig) probe(res ProbeResult) {
+	r.t.Helper()
+	select {
+	case reply := <-r.probes:
+		reply <- res
+	case <-time.After(within):
+		r.t.Fatal("no health probe")
+	}
+	r.sync()
+}
+
+// sent is a reading of progress: the engine sent n bytes on one connection.
+func sent(n uint64) Progress {
+	c := sockets.Conn{Local: netip.MustParseAddrPort("127.0.0.1:8001"), Remote: netip.MustParseAddrPort("127.0.0.1:50000")}
+	return Progress{Sent: map[sockets.Conn]uint64{c: n}}
+}
+
+// An awake engine is probed every health_interval; failures count only
+// without progress, and health_failures of them make the model
+// unverified. The next request stops the hung engine first, and its exit
+// does not fail the wake that replaces it.
+func TestHealthWatch(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.HealthInterval, c.HealthFailures = 10*time.Second, 2 })
+	r.expect(lifecycle.Awake)
+	r.m.Tick() // starts watching the engine
+	r.m.Tick()
+	r.sync()
+	select {
+	case <-r.probes:
+		t.Fatal("probed before health_interval passed")
+	default:
+	}
+	hung := errors.New("GET /health: context deadline exceeded")
+	step := func(res ProbeResult) {
+		r.clock.Advance(10 * time.Second)
+		r.m.Tick()
+		r.probe(res)
+	}
+	step(ProbeResult{Progress: sent(100)})            // healthy
+	step(ProbeResult{Err: hung, Progress: sent(900)}) // busy streaming: no answer, but it sends
+	step(ProbeResult{Err: hung, Progress: sent(5000)})
+	r.expect(lifecycle.Awake)
+	step(ProbeResult{Err: hung, Progress: sent(5000)}) // stalled: 1 of 2
+	r.expect(lifecycle.Awake)
+	step(ProbeResult{Err: hung, Progress: sent(5000)}) // 2 of 2
+	r.expect(lifecycle.Unverified)
+	if lc := r.m.Snapshot().Lifecycle; lc.Attempts != 1 || !strings.Contains(lc.Reason, "2 health probes failed with no progress") {
+		t.Fatalf("after the hang: %+v", lc)
+	}
+	r.m.Tick() // not serving: no probe
+	r.noCall()
+
+	a := r.admit(context.Background())
+	stop := r.next("sleep") // the hung engine is stopped first
+	if stop.strategy != config.SleepStop {
+		t.Fatalf("stale engine stopped with %q", stop.strategy)
+	}
+	r.m.EngineExited("exit status 0", r.clock.Now()) // that stop's exit
+	stop.reply <- nil
+	wake := r.next("wake")
+	r.sync()
+	if st := r.m.Snapshot().Lifecycle; st.State != lifecycle.Waking || st.Attempts != 1 {
+		t.Fatalf("the stop's exit failed the wake: %+v", st)
+	}
+	wake.reply <- nil
+	tk, err := a.result(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Done(gateway.Outcome{})
+	r.expect(lifecycle.Awake)
 }

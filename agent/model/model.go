@@ -85,7 +85,11 @@ type Deps struct {
 	// Idle is told when the model's last lease ended: a model waiting for
 	// its memory may now have it put to sleep. It must not block.
 	Idle func()
-	Log  *slog.Logger
+	// Probe is one health probe of an awake HTTP engine and a reading of
+	// its progress (see Watch); nil: awake engines are not probed. It runs
+	// off the loop, within ctx.
+	Probe func(ctx context.Context, spec supervisor.Spec, cfg *config.Model) ProbeResult
+	Log   *slog.Logger
 	// Ctx is napd's lifetime: engine operations in flight end with it.
 	Ctx context.Context
 }
@@ -127,6 +131,10 @@ type Model struct {
 	sleepers []chan error       // operator sleeps waiting for their outcome
 	wakes    planner.Recent     // durations of the recent verified wakes
 	requests planner.Recent     // durations of the recent granted requests
+	watch    *lifecycle.Watch   // health probes of the awake engine
+	watched  *instance          // the engine the watch is about
+	probing  bool               // a probe is in flight
+	progress Progress           // the reading of the last probe
 }
 
 // instance is one engine as requests reach it: the spec it was started
@@ -176,6 +184,7 @@ func New(d Deps, cfg *config.Model, spec supervisor.Spec) *Model {
 	now := m.now()
 	m.eng = newInstance(spec, m.newLink(cfg))
 	m.machine = lifecycle.New(now, PolicyOf(cfg))
+	m.watch = newWatch(cfg)
 	m.lastUsed = now
 	d.Tracker.Register(cfg.Name, now)
 	m.publish()
@@ -314,10 +323,12 @@ func (m *Model) closeLinks() {
 
 // ---- events from elsewhere ----
 
-// Tick has the loop check the machine's deadlines (drain, wake).
+// Tick has the loop check the machine's deadlines (drain, wake) and
+// probe an awake engine's health when due.
 func (m *Model) Tick() {
 	m.do(func() {
 		m.apply(m.machine.Tick(m.now(), m.drainEvidence()), nil)
+		m.watchTick()
 		m.publish()
 	})
 }
@@ -328,10 +339,12 @@ func (m *Model) EngineExited(reason string, at time.Time) {
 	m.do(func() { m.engineExited(reason, at) })
 }
 
-// RequestSleep asks the lifecycle for an automatic sleep (the planner's);
-// the machine has the last word. It does not wait.
-func (m *Model) RequestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity) {
-	m.do(func() { m.requestSleep(req, engine) })
+// RequestSleep asks the lifecycle for an automatic sleep (the planner's)
+// with what the engine's evidence says and its detail (what it is busy
+// with, or what is missing); the machine has the last word. It does not
+// wait.
+func (m *Model) RequestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity, detail string) {
+	m.do(func() { m.requestSleep(req, engine, detail) })
 }
 
 // CancelYield takes back a yield nobody waits for any more: the model
@@ -372,8 +385,8 @@ func (m *Model) exitIsStale(at time.Time) bool {
 }
 
 // requestSleep asks the machine for a sleep (planner or operator).
-func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity) lifecycle.Decision {
-	d := m.machine.RequestSleep(m.now(), req, lifecycle.Evidence{Leases: m.evidence(), Engine: engine})
+func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity, detail string) lifecycle.Decision {
+	d := m.machine.RequestSleep(m.now(), req, lifecycle.Evidence{Leases: m.evidence(), Engine: engine, Detail: detail})
 	m.apply(d, nil)
 	m.publish()
 	return d

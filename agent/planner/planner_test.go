@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"log/slog"
 	"reflect"
-	"strings"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 

@@ -89,7 +89,8 @@ func (r Reader) self() int {
 	return r.Self
 }
 
-// Table is one reading of the TCP socket table.
+// Table is one reading of the TCP socket table. Its methods cache what they
+// look up in /proc: use one Table from one goroutine.
 type Table struct {
 	r       Reader
 	Sockets []Socket
@@ -97,6 +98,7 @@ type Table struct {
 	Source  string
 	owners  map[uint64]Process // inode → owner, filled as owners are looked up
 	scanned bool               // every process's fds are in owners
+	self    map[uint64]bool    // napd's own socket inodes, read once
 }
 
 // Read takes the table: netlink sock_diag for IPv4 and IPv6, else (or when
@@ -239,10 +241,14 @@ func (t *Table) Outside(port int) ([]Peer, error) {
 	if len(served) == 0 {
 		return nil, nil
 	}
-	self, err := t.r.socketInodes(t.r.self())
-	if err != nil {
-		return nil, fmt.Errorf("napd's own sockets: %w", err)
+	if t.self == nil {
+		self, err := t.r.socketInodes(t.r.self())
+		if err != nil {
+			return nil, fmt.Errorf("napd's own sockets: %w", err)
+		}
+		t.self = self
 	}
+	self := t.self
 	var out []Peer
 	var inodes []uint64
 	want := map[uint64]bool{}

@@ -92,4 +92,7 @@ func TestHealth_LongStreamNotKilled(t *testing.T) {
 	if strings.Contains(n.Log(), "engine stopped answering") {
 		t.Error("the streaming engine was taken for hung")
 	}
+	if !strings.Contains(n.Log(), "health probe failed") {
+		t.Error("no health probe failed during the stream: the test proves nothing")
+	}
 }
