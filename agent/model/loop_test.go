@@ -728,16 +728,24 @@ func TestRoomWaitEndsIn504NamingTheHolders(t *testing.T) {
 	r.noCall()
 }
 
-// probe waits for the loop's next health probe and answers it.
+// probe ticks the loop until it sends a health probe (the result of the
+// previous one may still be on its way to the loop), and answers it.
 func (r *rig) probe(res ProbeResult) {
 	r.t.Helper()
-	select {
-	case reply := <-r.probes:
-		reply <- res
-	case <-time.After(within):
-		r.t.Fatal("no health probe")
+	deadline := time.Now().Add(within)
+	for {
+		r.m.Tick()
+		r.sync()
+		select {
+		case reply := <-r.probes:
+			reply <- res
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatal("no health probe")
+		}
 	}
-	r.sync()
 }
 
 // sent is a reading of progress: the engine sent n bytes on one connection.
@@ -764,17 +772,16 @@ func TestHealthWatch(t *testing.T) {
 	hung := errors.New("GET /health: context deadline exceeded")
 	step := func(res ProbeResult) {
 		r.clock.Advance(10 * time.Second)
-		r.m.Tick()
 		r.probe(res)
 	}
+	// Only a serving model is probed: each probe below proves the earlier
+	// results left it awake.
 	step(ProbeResult{Progress: sent(100)})            // healthy
 	step(ProbeResult{Err: hung, Progress: sent(900)}) // busy streaming: no answer, but it sends
 	step(ProbeResult{Err: hung, Progress: sent(5000)})
-	r.expect(lifecycle.Awake)
 	step(ProbeResult{Err: hung, Progress: sent(5000)}) // stalled: 1 of 2
-	r.expect(lifecycle.Awake)
 	step(ProbeResult{Err: hung, Progress: sent(5000)}) // 2 of 2
-	r.expect(lifecycle.Unverified)
+	r.until("unverified", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Unverified })
 	if lc := r.m.Snapshot().Lifecycle; lc.Attempts != 1 || !strings.Contains(lc.Reason, "2 health probes failed with no progress") {
 		t.Fatalf("after the hang: %+v", lc)
 	}
