@@ -318,31 +318,41 @@ func TestGateway_FormMaxBodyAndErrors(t *testing.T) {
 }
 
 // A client that stops sending mid-upload, after admission, gets 504 at
-// the deadline and the lease is released as cancelled.
-func TestGateway_FormSlowUploadIs504(t *testing.T) {
-	eng := newFormEngine()
-	e := newEnv(t, eng.ServeHTTP, Options{RequestTimeout: 300 * time.Millisecond})
-	body, ct := formBody(t, []string{"model", "@file"}, map[string]string{"model": "m1"}, make([]byte, 1<<20))
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	go func() {
-		pw.Write(body[:100<<10])
-		// And then nothing, until the test is over (or has failed).
-		<-ctx.Done()
-		pw.Close()
-	}()
-	req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.URL+"/v1/audio/transcriptions", pr)
-	req.Header.Set("Content-Type", ct)
-	resp, err := e.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	wantError(t, resp, b, 504, "timeout")
-	if o := e.models.outcome(); !o.Cancelled {
-		t.Errorf("outcome %+v", o)
+// the deadline, or 408 when the body's idle bound runs out first; either
+// way the lease is released as cancelled.
+func TestGateway_FormSlowUploadIs504Or408(t *testing.T) {
+	for _, c := range []struct {
+		opts   Options
+		status int
+		code   string
+	}{
+		{Options{RequestTimeout: 300 * time.Millisecond}, 504, "timeout"},
+		{Options{RequestTimeout: time.Minute, BodyTimeout: 300 * time.Millisecond}, 408, "body_timeout"},
+	} {
+		eng := newFormEngine()
+		e := newEnv(t, eng.ServeHTTP, c.opts)
+		body, ct := formBody(t, []string{"model", "@file"}, map[string]string{"model": "m1"}, make([]byte, 1<<20))
+		pr, pw := io.Pipe()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		go func() {
+			pw.Write(body[:100<<10])
+			// And then nothing, until the test is over (or has failed).
+			<-ctx.Done()
+			pw.Close()
+		}()
+		req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.URL+"/v1/audio/transcriptions", pr)
+		req.Header.Set("Content-Type", ct)
+		resp, err := e.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		wantError(t, resp, b, c.status, c.code)
+		if o := e.models.outcome(); !o.Cancelled {
+			t.Errorf("outcome %+v", o)
+		}
 	}
 }
 
