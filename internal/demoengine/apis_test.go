@@ -131,3 +131,22 @@ func TestMessages(t *testing.T) {
 	wantCode(t, do(h, "POST", "/v1/messages", `{"model":"claude","max_tokens":1,"messages":[]}`), http.StatusBadRequest)
 	wantCode(t, do(h, "POST", "/v1/messages", `{"model":"gpt","max_tokens":1,"messages":[{"role":"user","content":"x"}]}`), http.StatusNotFound)
 }
+
+func TestLlamaCppCompletionAndProps(t *testing.T) {
+	h := newEngine(Options{Models: []string{"llama"}, Flavor: FlavorLlamaCpp, MaxNumSeqs: 4}).Handler()
+	rec := do(h, "POST", "/completion", `{"model":"whatever","prompt":"a b","n_predict":2}`)
+	wantCode(t, rec, http.StatusOK)
+	c := decode[map[string]any](t, rec)
+	if c["content"] != "tok2 tok3" || c["tokens_predicted"] != 2.0 || c["stop"] != true {
+		t.Errorf("completion %v", c)
+	}
+	wantCode(t, do(h, "POST", "/completion", `{"prompt":"a","stream":true}`), http.StatusBadRequest)
+	rec = do(h, "GET", "/props", "")
+	wantCode(t, rec, http.StatusOK)
+	if p := decode[map[string]any](t, rec); p["total_slots"] != 4.0 || p["is_sleeping"] != false {
+		t.Errorf("props %v", p)
+	}
+	// Only the llamacpp flavor serves them.
+	vllm := newEngine(Options{Models: []string{"m"}}).Handler()
+	wantCode(t, do(vllm, "GET", "/props", ""), http.StatusNotFound)
+}

@@ -1,6 +1,7 @@
 package demoengine
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -46,6 +47,8 @@ func (e *Engine) flavorRoutes(mux *http.ServeMux) {
 	case FlavorLlamaCpp:
 		mux.Handle("GET /metrics", e.loaded(http.HandlerFunc(e.llamacppMetrics)))
 		mux.Handle("GET /slots", e.loaded(http.HandlerFunc(e.slotList)))
+		mux.Handle("GET /props", e.loaded(http.HandlerFunc(e.props)))
+		mux.Handle("POST /completion", e.loaded(http.HandlerFunc(e.llamacppCompletion)))
 	case FlavorTGI:
 		mux.Handle("GET /metrics", e.loaded(http.HandlerFunc(e.tgiMetrics)))
 	case FlavorOllama:
@@ -108,6 +111,56 @@ func (e *Engine) llamacppMetrics(w http.ResponseWriter, _ *http.Request) {
 	x.add("gauge", "llamacpp:requests_processing", "Number of requests processing.", float64(running))
 	x.add("gauge", "llamacpp:requests_deferred", "Number of requests deferred.", float64(waiting))
 	x.write(w)
+}
+
+// props is llama.cpp's GET /props: its settings, slot count and whether it
+// sleeps.
+func (e *Engine) props(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"default_generation_settings": map[string]any{"n_ctx": maxModelLen, "params": map[string]int{"n_predict": -1}},
+		"total_slots":                 e.opts.MaxNumSeqs,
+		"model_path":                  "/models/" + e.opts.Models[0] + ".gguf",
+		"is_sleeping":                 e.Stats().IsSleeping,
+		"build_info":                  "napd-demo-engine",
+	})
+}
+
+// llamacppCompletion is llama.cpp's native POST /completion, not streamed:
+// {"prompt", "n_predict"} in, {"content", "tokens_predicted", …} out, with
+// the same deterministic tokens as /v1/completions. Like llama.cpp serving
+// one model, it ignores the body's model.
+func (e *Engine) llamacppCompletion(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Prompt   json.RawMessage `json:"prompt"`
+		NPredict *int            `json:"n_predict"`
+		Stream   bool            `json:"stream"`
+	}
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	n, err := promptTokens(req.Prompt)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "prompt: "+err.Error())
+		return
+	case req.Stream:
+		writeError(w, http.StatusBadRequest, "stream is not emulated on /completion")
+		return
+	}
+	g := generation{model: e.opts.Models[0], promptTokens: n, maxTokens: defaultMaxTokens, seed: n}
+	if req.NPredict != nil && *req.NPredict > 0 {
+		g.maxTokens = min(*req.NPredict, maxModelLen)
+	}
+	e.run(w, r, g.model, func(j *job) {
+		if !e.generateAll(w, j, g) {
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{
+			"content": g.text(), "model": g.model, "stop": true, "stop_type": "limit",
+			"tokens_predicted": g.maxTokens, "tokens_evaluated": g.promptTokens,
+		})
+		e.completed()
+	})
 }
 
 // slotList is llama.cpp's GET /slots: one entry per slot (MaxNumSeqs), busy

@@ -100,3 +100,43 @@ func TestBreadth_UploadsAliasesAndMessages(t *testing.T) {
 		t.Errorf("/v1/messages: %v %d %s", err, resp.StatusCode, body)
 	}
 }
+
+// llama.cpp's own routes reach the model they name: POST /completion by
+// the body's model, GET /props by ?model=, each waking it like any route.
+func TestBreadth_LlamaCppRoutes(t *testing.T) {
+	t.Parallel()
+	llama, llamaEng := demo(t, "llama", "", "--flavor", "llamacpp", "--max-num-seqs", "3")
+	other, _ := demo(t, "other", "")
+	n := harness.Start(t, harness.Options{Models: llama + other})
+	ctx := ctxFor(t, 60*time.Second)
+
+	resp, body, err := n.Post(ctx, "/completion", `{"model":"llama","prompt":"a b","n_predict":2}`)
+	if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), `"content":"tok2 tok3"`) {
+		t.Fatalf("POST /completion: %v %d %s", err, resp.StatusCode, body)
+	}
+	if resp.Header.Get("X-Napd-Wake-Ms") == "" {
+		t.Errorf("POST /completion did not wake llama: %v", resp.Header)
+	}
+	if s := llamaEng.stats(t); s.Completions != 1 {
+		t.Errorf("llama completions = %d", s.Completions)
+	}
+	get, err := http.Get(n.URL("/props?model=llama"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(get.Body)
+	get.Body.Close()
+	if get.StatusCode != 200 || !strings.Contains(string(body), `"total_slots":3`) {
+		t.Errorf("GET /props?model=llama: %d %s", get.StatusCode, body)
+	}
+	if st := modelStatus(t, n, "other"); st.State == "awake" {
+		t.Errorf("llama's routes woke other: %+v", st)
+	}
+	get, err = http.Get(n.URL("/props"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(get.Body)
+	get.Body.Close()
+	wantError(t, get, body, http.StatusBadRequest, "missing_model")
+}
