@@ -128,6 +128,7 @@ func TestParse_Errors(t *testing.T) {
 		{"two model sockets", "[models.a]\n" + minimal + "listen = \"127.0.0.1:8201\"\n[models.b]\n" + minimal + "listen = \"localhost:8201\"\n", 6, "models.b.listen", "collides with models.a.listen"},
 		{"control socket path too long", "[agent]\ncontrol_socket = \"/" + strings.Repeat("x", 120) + "\"\n", 2, "agent.control_socket", "longer than"},
 		{"model port is the gateway's", "[models.a]\n" + minimal + "port = 8080\n", 3, "models.a.port", "port 8080 is napd's own: gateway.listen (127.0.0.1:8080) listens on it"},
+		{"model port is the agent check's", "[agent]\nhaproxy_agent_listen = \"0.0.0.0:9500\"\n[models.a]\n" + minimal + "port = 9500\n", 5, "models.a.port", "agent.haproxy_agent_listen (0.0.0.0:9500)"},
 		{"model port is the metrics'", "[models.a]\n" + minimal + "port = 9464\n", 3, "models.a.port", "agent.metrics_listen (127.0.0.1:9464)"},
 		{"model port is another model's listen", "[models.a]\n" + minimal + "port = 8200\n[models.b]\n" + minimal + "listen = \"0.0.0.0:8200\"\n", 3, "models.a.port", "the listen of model b (0.0.0.0:8200)"},
 		{"unknown evidence", "[models.a]\n" + minimal + "evidence = \"vibes\"\n", 3, "models.a.evidence", `unknown value "vibes"`},

@@ -570,8 +570,9 @@ func mentionsPort(m *Model) bool {
 
 // checkUnique reports names, aliases, ports and listen addresses that two
 // models (or a model and the gateway) claim. A model's port must not be a
-// port napd itself listens on (the gateway, the metrics, a model's own
-// socket): the engine could not bind it, or napd would forward to itself.
+// port napd itself listens on (the gateway, the metrics, the HAProxy agent
+// check, a model's own socket): the engine could not bind it, or napd would
+// forward to itself.
 func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 	isModel := map[string]bool{}
 	for _, dc := range decls {
@@ -591,6 +592,7 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 		addListen(l, "gateway.listen")
 	}
 	addListen(cfg.Agent.MetricsListen, "agent.metrics_listen")
+	addListen(cfg.Agent.HAProxyAgentListen, "agent.haproxy_agent_listen")
 	for _, dc := range decls {
 		if dc.m.Listen != "" {
 			addListen(dc.m.Listen, "the listen of model "+dc.m.Name)
