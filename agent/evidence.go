@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/lifecycle"
@@ -85,30 +86,49 @@ func (a *Agent) judgeEngines(ms *measurement) {
 			if r.peers, err = tab.Outside(port); err != nil {
 				r.tableErr = err
 			}
-			if len(r.peers) > 0 {
-				mm.outside = inUseOutside(r.peers)
-			}
 		}
+		mm.notes = notes(r)
 		mm.activity, mm.detail = activity(s.Config.Evidence, port, r)
 		ms.models[m.Name()] = mm
 	}
 }
 
+// notes says what status adds about a serving engine: who uses it without
+// napd, and what Ollama holds and until when it keeps it by itself.
+func notes(r engineReading) string {
+	var out []string
+	if len(r.peers) > 0 {
+		out = append(out, inUseOutside(r.peers))
+	}
+	if r.metrics.Engine == enginemetrics.EngineOllama {
+		held := "nothing"
+		if len(r.metrics.Held) > 0 {
+			var hs []string
+			for _, h := range r.metrics.Held {
+				hs = append(hs, fmt.Sprintf("%s until %s", h.Name, h.ExpiresAt.Format(time.RFC3339)))
+			}
+			held = strings.Join(hs, ", ")
+		}
+		out = append(out, "Ollama holds "+held)
+	}
+	return strings.Join(out, "; ")
+}
+
 // reason is a model's reason in status and /v1/models: the lifecycle's,
-// and who uses a serving engine without napd.
+// and the notes on a serving engine.
 func (a *Agent) reason(name string, lc lifecycle.Snapshot) string {
 	ms := a.measured.Load()
 	if ms == nil || !lc.State.Serving() {
 		return lc.Reason
 	}
-	out := ms.models[name].outside
+	n := ms.models[name].notes
 	switch {
-	case out == "" || strings.Contains(lc.Reason, out):
+	case n == "" || strings.Contains(lc.Reason, n):
 		return lc.Reason
 	case lc.Reason == "":
-		return out
+		return n
 	}
-	return lc.Reason + "; " + out
+	return lc.Reason + "; " + n
 }
 
 // probeEngine is a model's health probe of its awake engine (model.Deps

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/planner"
@@ -45,5 +46,24 @@ func TestActivity(t *testing.T) {
 	many := []sockets.Peer{curl, remote, curl, remote, curl}
 	if got := inUseOutside(many); !strings.HasSuffix(got, ", and 2 more") {
 		t.Errorf("five clients: %q", got)
+	}
+}
+
+func TestNotes(t *testing.T) {
+	curl := sockets.Peer{Addr: netip.MustParseAddrPort("127.0.0.1:54012"), Process: sockets.Process{PID: 4711, Name: "curl"}}
+	held := enginemetrics.Evidence{Engine: enginemetrics.EngineOllama, Held: []enginemetrics.Held{
+		{Name: "qwen2.5:0.5b", ExpiresAt: time.Date(2026, 12, 1, 3, 40, 0, 0, time.UTC)}}}
+	for _, tt := range []struct {
+		r    engineReading
+		want string
+	}{
+		{engineReading{}, ""},
+		{engineReading{peers: []sockets.Peer{curl}}, "in use outside napd: 127.0.0.1:54012 (pid 4711, curl)"},
+		{engineReading{metrics: held, peers: []sockets.Peer{curl}}, "in use outside napd: 127.0.0.1:54012 (pid 4711, curl); Ollama holds qwen2.5:0.5b until 2026-12-01T03:40:00Z"},
+		{engineReading{metrics: enginemetrics.Evidence{Engine: enginemetrics.EngineOllama, Held: []enginemetrics.Held{}}}, "Ollama holds nothing"},
+	} {
+		if got := notes(tt.r); got != tt.want {
+			t.Errorf("notes = %q, want %q", got, tt.want)
+		}
 	}
 }

@@ -101,11 +101,12 @@ type modelMeasure struct {
 	proc     supervisor.Status
 	gpuBytes map[int]int64
 	// activity is what the model's evidence says of its engine, detail
-	// what it is busy with or what is missing; outside names the clients
-	// of a serving engine that bypass napd ("" when none).
+	// what it is busy with or what is missing; notes are what status adds
+	// to a serving model's reason: the clients that bypass napd, what
+	// Ollama holds ("" when nothing).
 	activity planner.Engine
 	detail   string
-	outside  string
+	notes    string
 }
 
 // measure runs the probes. Engine metrics are scraped only from engines
