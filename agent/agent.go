@@ -448,13 +448,14 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 // setGateway swaps gw in; requests already running keep the one they
 // started with.
 func (a *Agent) setGateway(gw *gateway.Gateway) {
-	prev := a.gw.Load()
 	h := gw.Handler()
 	a.handler.Store(&h)
 	a.gw.Store(gw)
-	if prev != nil {
-		a.forgetClients(prev.APIKeys(), gw.APIKeys())
+	var clients []string
+	if keys := gw.APIKeys(); keys != nil {
+		clients = keys.Names()
 	}
+	a.metrics.SetClients(clients)
 }
 
 func gatewayRoutes(rs []config.Route) []gateway.Route {
@@ -478,24 +479,6 @@ func (a *Agent) adminHandler() http.Handler {
 		defer context.AfterFunc(a.ctrlCtx, cancel)()
 		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
-}
-
-// forgetClients drops the request and token series of keys a reload removed.
-func (a *Agent) forgetClients(old, cur *gateway.APIKeys) {
-	if old == nil {
-		return
-	}
-	keep := map[string]bool{}
-	if cur != nil {
-		for _, n := range cur.Names() {
-			keep[n] = true
-		}
-	}
-	for _, n := range old.Names() {
-		if !keep[n] {
-			a.metrics.ForgetClient(n)
-		}
-	}
 }
 
 // modelHandler is the handler of a model's dedicated socket.

@@ -7,6 +7,7 @@ package metrics
 import (
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/napd/napd/gateway"
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,6 +62,9 @@ type Metrics struct {
 	duration, firstByte, queueWait, wakeWait *prometheus.HistogramVec
 	// By model and client.
 	promptTokens, completionTokens *prometheus.CounterVec
+	// clients is the set of names the client label may take (the current
+	// keys file's); nil while no keys file bounds it.
+	clients atomic.Pointer[map[string]bool]
 }
 
 // waitBuckets are the buckets (seconds) of a wake and of a wait for GPU
@@ -151,11 +155,37 @@ func (m *Metrics) Forget(model string) {
 	}
 }
 
-// ForgetClient drops the series of an API key removed by a reload.
-func (m *Metrics) ForgetClient(client string) {
-	for _, v := range []*prometheus.CounterVec{m.Requests, m.promptTokens, m.completionTokens} {
-		v.DeletePartialMatch(prometheus.Labels{"client": client})
+// SetClients bounds the client label to names (the current keys file's;
+// nil: no keys file, no bound) and drops the series of every other client.
+// A request of a removed key that finishes after the reload is counted
+// without a client name, so the dropped series do not come back.
+func (m *Metrics) SetClients(names []string) {
+	var set map[string]bool
+	if names != nil {
+		set = make(map[string]bool, len(names))
+		for _, n := range names {
+			set[n] = true
+		}
 	}
+	prev := m.clients.Swap(&set)
+	if prev == nil || *prev == nil {
+		return
+	}
+	for n := range *prev {
+		if !set[n] {
+			for _, v := range []*prometheus.CounterVec{m.Requests, m.promptTokens, m.completionTokens} {
+				v.DeletePartialMatch(prometheus.Labels{"client": n})
+			}
+		}
+	}
+}
+
+// client is the label value for a request's client name.
+func (m *Metrics) client(name string) string {
+	if set := m.clients.Load(); set != nil && *set != nil && !(*set)[name] {
+		return ""
+	}
+	return name
 }
 
 var (
@@ -223,7 +253,8 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 // Request records one finished gateway request. Label values are bounded:
 // models by the config, clients by the keys file, kinds by the gateway.
 func (m *Metrics) Request(o gateway.Observation) {
-	m.Requests.WithLabelValues(o.Model, o.Client, strconv.Itoa(o.Status)).Inc()
+	client := m.client(o.Client)
+	m.Requests.WithLabelValues(o.Model, client, strconv.Itoa(o.Status)).Inc()
 	if !o.Admitted || o.Model == "" {
 		return
 	}
@@ -237,7 +268,7 @@ func (m *Metrics) Request(o gateway.Observation) {
 		m.wakeWait.WithLabelValues(o.Model, kind, stream).Observe(o.WakeWait.Seconds())
 	}
 	if o.HasUsage {
-		m.promptTokens.WithLabelValues(o.Model, o.Client).Add(float64(o.Usage.PromptTokens))
-		m.completionTokens.WithLabelValues(o.Model, o.Client).Add(float64(o.Usage.CompletionTokens))
+		m.promptTokens.WithLabelValues(o.Model, client).Add(float64(o.Usage.PromptTokens))
+		m.completionTokens.WithLabelValues(o.Model, client).Add(float64(o.Usage.CompletionTokens))
 	}
 }

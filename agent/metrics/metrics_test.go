@@ -60,6 +60,7 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 		HavePSI:       true, PSISomeAvg10: 1.5,
 	}
 	m := New(func() Snapshot { return snap })
+	m.SetClients([]string{"alice", "bob"}) // the keys file at start
 	ok := gateway.Observation{Model: "a", Client: "alice", Kind: lease.KindChat, Stream: true, Status: 200,
 		Admitted: true, Duration: 3 * time.Second, FirstByte: 400 * time.Millisecond, QueueWait: 20 * time.Millisecond,
 		WakeWait: 2 * time.Second, Usage: gateway.Usage{PromptTokens: 10, CompletionTokens: 5}, HasUsage: true}
@@ -128,9 +129,20 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 		t.Errorf("duration sum %v, want 6", h.GetSampleSum())
 	}
 
-	m.ForgetClient("bob")
+	m.SetClients([]string{"alice"})
 	if _, ok := value(scrape(t, m)["napd_prompt_tokens_total"], map[string]string{"client": "bob"}); ok {
-		t.Error("ForgetClient left the removed key's token counters")
+		t.Error("SetClients left the removed key's token counters")
+	}
+	// A request of the removed key that ends after the reload is counted
+	// without its name: the dropped series do not come back.
+	m.Request(gateway.Observation{Model: "a", Client: "bob", Status: 200, Admitted: true,
+		HasUsage: true, Usage: gateway.Usage{PromptTokens: 1, CompletionTokens: 1}})
+	f = scrape(t, m)
+	if _, ok := value(f["napd_requests_total"], map[string]string{"client": "bob"}); ok {
+		t.Error("a removed key's late request brought its series back")
+	}
+	if got, _ := value(f["napd_prompt_tokens_total"], map[string]string{"model": "a", "client": ""}); got != 1 {
+		t.Errorf("the late request's tokens counted without a client name: %v, want 1", got)
 	}
 	m.Forget("a")
 	f = scrape(t, m)
