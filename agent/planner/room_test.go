@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -328,5 +329,16 @@ func TestPlanRoom_ProcessesCountEvenIfFreeLags(t *testing.T) {
 	got := PlanRoom(in, []Waiter{since("b", 0)})
 	if tu, _ := got.Turn("b"); tu.Verdict != RoomWait {
 		t.Fatalf("b: %v (%s), want to wait for a", tu.Verdict, tu.Message)
+	}
+}
+
+// PlanRoom reads its input and changes nothing in it.
+func TestPlanRoom_DoesNotModifyInput(t *testing.T) {
+	in := box1(waiting("b", 20*GiB), model("z", holds(map[int]int64{0: 10 * GiB}), idleFor(time.Hour)),
+		model("a", holds(map[int]int64{0: 10 * GiB}), leases(2)))
+	before := fmt.Sprintf("%+v", in)
+	PlanRoom(in, []Waiter{since("b", time.Hour)})
+	if after := fmt.Sprintf("%+v", in); after != before {
+		t.Errorf("PlanRoom changed its input:\n%s\n%s", before, after)
 	}
 }
