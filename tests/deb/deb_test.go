@@ -320,6 +320,17 @@ func TestDeb_InstallActivateRestartPurge(t *testing.T) {
 		t.Errorf("napctl status does not show the demo model:\n%s", got)
 	}
 
+	// A transcription upload whose model field follows a 1 MiB file: napd
+	// spools what comes before the field to an unnamed file in its private
+	// /tmp, which the hardened unit (ProtectSystem=strict, PrivateTmp=yes)
+	// must let it write.
+	x.run("sh", "-c", "head -c 1048576 /dev/zero > /root/speech.wav")
+	out = x.run("curl", "-sS", "--max-time", "60", "-w", "\n%{http_code}",
+		"-F", "file=@/root/speech.wav", "-F", "model=demo", "http://127.0.0.1:8080/v1/audio/transcriptions")
+	if !strings.HasSuffix(out, "\n200") || !strings.Contains(out, "speech.wav: 1048576 bytes") {
+		t.Errorf("multipart upload under the unit: %q, want 200 with the file's size", out)
+	}
+
 	// The wake is in the journal as structured entries.
 	x.eventually("journal entries for the wake of demo with STATE and REASON", func() (bool, string) {
 		out := x.output("journalctl", "--no-pager", "-u", "napd", "MODEL=demo", "-o", "json")
