@@ -87,9 +87,8 @@ func TestHarden_StalledStreamReaderReleasesItsSlot(t *testing.T) {
 		t.Fatalf("the next request did not get the slot of a stalled reader: %v", err)
 	}
 	wantCompletion(t, r, b)
-	if !strings.Contains(n.Log(), "stream=true cancelled=true") {
-		t.Error("the stalled stream is not logged as cancelled")
-	}
+	// The stalled stream's log line says it was cut.
+	n.WaitLog("stream=true cancelled=true", 20*time.Second)
 }
 
 // An idle keep-alive connection is closed after keepalive_timeout.
@@ -141,28 +140,35 @@ func TestHarden_MaxConnections(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode, nil
 	}
-	// Fill the places (the harness's own readiness check may hold one).
+	// Fill the places, then keep knocking until three connections were
+	// refused. A connection of the harness's own readiness check may still
+	// hold a place at first and free it meanwhile: whoever gets that place
+	// holds it too, and ends a burst of refusals.
 	var held []*http.Client
-	for {
+	refused, bursts, inBurst := 0, 0, false
+	for refused < 3 {
 		c := client()
 		s, err := health(c)
-		if err != nil {
+		switch {
+		case err != nil:
 			t.Fatal(err)
-		}
-		if s == http.StatusServiceUnavailable {
-			break
-		}
-		if held = append(held, c); len(held) > 3 {
-			t.Fatalf("%d connections open with max_connections = 3", len(held))
+		case s == http.StatusServiceUnavailable:
+			refused++
+			if !inBurst {
+				bursts++
+			}
+			inBurst = true
+		case s == http.StatusOK:
+			held, inBurst = append(held, c), false
+			if len(held) > 3 {
+				t.Fatalf("%d connections open with max_connections = 3", len(held))
+			}
+		default:
+			t.Fatalf("status %d", s)
 		}
 	}
 	if len(held) == 0 {
 		t.Fatal("no connection served")
-	}
-	for range 3 {
-		if s, err := health(client()); err != nil || s != http.StatusServiceUnavailable {
-			t.Errorf("past max_connections: %d %v, want a 503 answer", s, err)
-		}
 	}
 	if out, err := n.Napctl("status"); err != nil {
 		t.Errorf("napctl status past max_connections: %v\n%s", err, out)
@@ -173,8 +179,8 @@ func TestHarden_MaxConnections(t *testing.T) {
 		return err == nil && s == 200
 	})
 	n.WaitLog("accepting connections again", 20*time.Second)
-	if c := strings.Count(n.Log(), "connection limit reached"); c != 1 {
-		t.Errorf("%d warnings for one burst of refusals", c)
+	if c := strings.Count(n.Log(), "connection limit reached"); c != bursts {
+		t.Errorf("%d warnings for %d bursts of refusals", c, bursts)
 	}
 }
 
