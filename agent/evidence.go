@@ -81,7 +81,7 @@ func (a *Agent) judgeEngines(ms *measurement) {
 		r := engineReading{metrics: mm.engine, tableErr: tabErr}
 		port := s.Spec.Port
 		if s.Config.Transport == config.TransportHTTP && tabErr == nil {
-			r.listening = len(tab.Listeners(port, mm.proc.PIDs)) > 0
+			r.listening = tab.Listening(port)
 			var err error
 			if r.peers, err = tab.Outside(port); err != nil {
 				r.tableErr = err

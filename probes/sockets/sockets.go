@@ -190,18 +190,29 @@ type Listener struct {
 // to 127.0.0.1:port, with their owning processes. Owners are looked for
 // among candidates first (the engine's processes), then everywhere.
 func (t *Table) Listeners(port int, candidates []int) []Listener {
-	var socks []Socket
+	socks := t.listening(port)
 	want := map[uint64]bool{}
-	for _, s := range t.Sockets {
-		if s.State == StateListen && int(s.Local.Port()) == port && reachesLoopback(s.Local.Addr()) {
-			socks = append(socks, s)
-			want[s.Inode] = s.Inode != 0
-		}
+	for _, s := range socks {
+		want[s.Inode] = s.Inode != 0
 	}
 	t.lookup(want, candidates)
 	out := make([]Listener, len(socks))
 	for i, s := range socks {
 		out[i] = Listener{Addr: s.Local, UID: s.UID, Process: t.owners[s.Inode]}
+	}
+	return out
+}
+
+// Listening reports whether a socket listens on port and receives
+// connections to 127.0.0.1:port; it looks up no owner.
+func (t *Table) Listening(port int) bool { return len(t.listening(port)) > 0 }
+
+func (t *Table) listening(port int) []Socket {
+	var out []Socket
+	for _, s := range t.Sockets {
+		if s.State == StateListen && int(s.Local.Port()) == port && reachesLoopback(s.Local.Addr()) {
+			out = append(out, s)
+		}
 	}
 	return out
 }

@@ -139,6 +139,9 @@ func TestTable_OutsideAndListeners_Recorded(t *testing.T) {
 	if len(ls) != 1 || ls[0].PID != 999 || ls[0].Name != "python3" {
 		t.Errorf("Listeners(18555) = %+v, want pid 999 (python3)", ls)
 	}
+	if !tab.Listening(18555) || tab.Listening(18556) || tab.Listening(18554) {
+		t.Error("Listening: want 18555 only ([::1] does not receive 127.0.0.1)")
+	}
 	if ls := tab.Listeners(18556, nil); len(ls) != 0 {
 		t.Errorf("Listeners(18556) = %+v: [::1] does not receive 127.0.0.1", ls)
 	}
