@@ -2,11 +2,15 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -135,5 +139,55 @@ func TestGateway_CutAnswerIsNeitherStoredNorEndedAsComplete(t *testing.T) {
 				t.Errorf("complete answer: read %v, outcome %+v", readErr, o)
 			}
 		})
+	}
+}
+
+// A request whose connection was refused never reached the engine: it is
+// handed back to the model and waits for the next instance instead of
+// failing with 502; the lease is still ended once.
+func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
+	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{})
+	live := e.models.target
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	deadURL, _ := url.Parse(dead.URL)
+	var reroutes atomic.Int32
+	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+		t := e.models.ticket(0)
+		t.Target = deadURL
+		t.Reroute = func(ctx context.Context) (*Ticket, error) {
+			reroutes.Add(1)
+			return &Ticket{Target: live, WakeWait: 250 * time.Millisecond}, nil
+		}
+		return t, nil
+	}
+	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
+	if resp.StatusCode != http.StatusOK || string(b) != `{"ok":true}` {
+		t.Fatalf("rerouted request: %d %s", resp.StatusCode, b)
+	}
+	if reroutes.Load() != 1 || resp.Header.Get(HeaderWakeMs) != "250" {
+		t.Errorf("%d reroutes, %s %q", reroutes.Load(), HeaderWakeMs, resp.Header.Get(HeaderWakeMs))
+	}
+	if o := e.models.outcome(); o.Cancelled || o.Fault != FaultNone {
+		t.Errorf("outcome %+v", o)
+	}
+	e.models.noMoreDone()
+
+	// The model cannot take it back: its refusal is the answer.
+	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+		t := e.models.ticket(0)
+		t.Target = deadURL
+		t.Reroute = func(ctx context.Context) (*Ticket, error) {
+			return nil, &Refusal{Status: http.StatusServiceUnavailable, Code: "model_failed", Message: "m1 failed", RetryAfter: time.Second}
+		}
+		return t, nil
+	}
+	resp, b = e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
+	wantError(t, resp, b, http.StatusServiceUnavailable, "model_failed")
+	if resp.Header.Get("Retry-After") != "1" {
+		t.Errorf("Retry-After %q", resp.Header.Get("Retry-After"))
+	}
+	if o := e.models.outcome(); !o.Cancelled {
+		t.Errorf("outcome %+v", o)
 	}
 }

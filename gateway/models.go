@@ -62,6 +62,13 @@ type Ticket struct {
 	Replay *StoredResponse
 	// Done releases the lease. It must be called exactly once.
 	Done func(Outcome)
+	// Reroute, when set, takes back a request that never reached the
+	// engine (its connection was refused: the engine instance it was
+	// granted to is gone) and waits, within ctx, for the next verified
+	// instance. It returns that instance's ticket (whose Done is not
+	// called: this one's still ends the lease), or why there is none (a
+	// *Refusal, or ctx's error).
+	Reroute func(ctx context.Context) (*Ticket, error)
 }
 
 // Outcome is how an admitted request ended.

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -89,7 +90,10 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 			// Only the request's own deadline is a 504: a connect timeout
 			// (net's timeout error also reads as DeadlineExceeded) is the
 			// engine's fault.
+			var ref *Refusal
 			switch ctxErr := r.Context().Err(); {
+			case errors.As(err, &ref):
+				c.refused(err) // a rerouted request the model could not take
 			case errors.Is(ctxErr, context.DeadlineExceeded):
 				c.fail(http.StatusGatewayTimeout, "timeout", "the engine of model "+c.model+" did not answer within the request deadline")
 			case ctxErr != nil:
@@ -117,15 +121,53 @@ func refusesBeforeWork(rt http.RoundTripper) bool {
 	return ok
 }
 
-// ticketTransport sends each request with its ticket's transport.
+// ticketTransport sends each request with its ticket's transport. A
+// request whose connection was refused never reached the engine: it is
+// handed back to the model (Ticket.Reroute) to wait for the next verified
+// engine instance within its deadline, instead of failing with 502.
 type ticketTransport struct{}
 
+// maxReroutes bounds how often one request is handed back.
+const maxReroutes = 3
+
 func (ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	rt := callOf(req.Context()).ticket.Transport
-	if rt == nil {
-		rt = http.DefaultTransport
+	c := callOf(req.Context())
+	for n := 0; ; n++ {
+		rt := c.ticket.Transport
+		if rt == nil {
+			rt = http.DefaultTransport
+		}
+		resp, err := rt.RoundTrip(req)
+		if err == nil || n == maxReroutes || c.ticket.Reroute == nil || faultOf(err) != FaultRefused || req.Context().Err() != nil {
+			return resp, err
+		}
+		c.g.log.Info("engine refused the connection: the request waits for the next engine instance",
+			slog.String("model", c.model), slog.Any("error", err))
+		t, rerr := c.ticket.Reroute(req.Context())
+		if rerr != nil {
+			return nil, rerr
+		}
+		c.wake += t.WakeWait
+		t.Done, t.Reroute = c.ticket.Done, c.ticket.Reroute
+		c.ticket = t
+		if req, err = retarget(req, t.Target); err != nil {
+			return nil, err
+		}
 	}
-	return rt.RoundTrip(req)
+}
+
+// retarget is req for another engine instance (another port on loopback).
+func retarget(req *http.Request, target *url.URL) (*http.Request, error) {
+	out := req.Clone(req.Context())
+	out.URL.Scheme, out.URL.Host = target.Scheme, target.Host
+	if req.GetBody != nil {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		out.Body = body
+	}
+	return out, nil
 }
 
 // watchedBody remembers a failed read of the engine's response, so a body
