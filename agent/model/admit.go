@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -25,15 +24,22 @@ type waiter struct {
 	reply     chan grant // buffered 1: the loop never blocks on it
 	granted   bool
 	grantedAt time.Time
-	woke      bool // it waited for a wake
+	woke      bool      // it waited for a wake
+	inst      *instance // the engine instance it was granted to
 }
 
 type grant struct {
 	err      error
-	target   *url.URL
-	tr       http.RoundTripper
+	inst     *instance
 	wakeWait time.Duration
 	served   string // the model's served_name when granted
+}
+
+// ticket is the gateway's ticket for grant g of w.
+func (m *Model) ticket(w *waiter, g grant) *gateway.Ticket {
+	t := &gateway.Ticket{Target: g.inst.target, Transport: g.inst.tr, WakeWait: g.wakeWait, ServedName: g.served}
+	t.Reroute = func(ctx context.Context) (*gateway.Ticket, error) { return m.reroute(ctx, w, g.inst) }
+	return t
 }
 
 // Admit takes a lease and waits for a slot; see gateway.Models.Admit. It
@@ -69,32 +75,36 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 		m.end(w, gateway.Outcome{Cancelled: true})
 		return nil, m.removed()
 	}
+	g, err := m.await(ctx, w)
+	if err != nil {
+		m.end(w, gateway.Outcome{Cancelled: true})
+		return nil, err
+	}
+	t := m.ticket(w, g)
+	var once atomic.Bool
+	t.Done = func(o gateway.Outcome) {
+		if once.CompareAndSwap(false, true) {
+			m.end(w, o)
+		}
+	}
+	return t, nil
+}
+
+// await waits for the loop's answer to w: a grant, or why there is none.
+func (m *Model) await(ctx context.Context, w *waiter) (grant, error) {
 	select {
 	case g := <-w.reply:
-		if g.err != nil {
-			m.end(w, gateway.Outcome{Cancelled: true})
-			return nil, g.err
-		}
-		t := &gateway.Ticket{Target: g.target, Transport: g.tr, WakeWait: g.wakeWait, ServedName: g.served}
-		var once atomic.Bool
-		t.Done = func(o gateway.Outcome) {
-			if once.CompareAndSwap(false, true) {
-				m.end(w, o)
-			}
-		}
-		return t, nil
+		return g, g.err
 	case <-m.quit: // the loop ended with the arrival unhandled (removed meanwhile)
-		m.end(w, gateway.Outcome{Cancelled: true})
-		return nil, m.removed()
+		return grant{}, m.removed()
 	case <-ctx.Done():
 		// The loop may have granted it meanwhile: withdraw settles either way.
 		m.do(func() { m.withdraw(w) })
-		m.end(w, gateway.Outcome{Cancelled: true})
 		if holders := m.waitingFor(); holders != "" && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, &gateway.Refusal{Status: http.StatusGatewayTimeout, Code: "timeout",
+			return grant{}, &gateway.Refusal{Status: http.StatusGatewayTimeout, Code: "timeout",
 				Message: fmt.Sprintf("model %s: the request deadline ran out while waiting for GPU memory held by %s", m.name, holders)}
 		}
-		return nil, ctx.Err()
+		return grant{}, ctx.Err()
 	}
 }
 
@@ -105,6 +115,21 @@ func (m *Model) waitingFor() string {
 		return ""
 	}
 	return m.d.WaitingFor(m.name)
+}
+
+// reroute takes back w, granted to inst, whose connection was refused:
+// the engine never saw it, so it waits for the next verified instance
+// within ctx (see gateway.Ticket.Reroute). Its lease stays; the first
+// ticket's Done ends it.
+func (m *Model) reroute(ctx context.Context, w *waiter, inst *instance) (*gateway.Ticket, error) {
+	if !m.do(func() { m.unreached(w, inst) }) {
+		return nil, m.removed()
+	}
+	g, err := m.await(ctx, w)
+	if err != nil {
+		return nil, err
+	}
+	return m.ticket(w, g), nil
 }
 
 // end releases w's lease and, on the loop, its slot.
@@ -125,6 +150,9 @@ func (m *Model) end(w *waiter, o gateway.Outcome) {
 			m.requests.Add(now.Sub(w.grantedAt))
 		}
 		m.lastUsed = now
+		if o.Fault == gateway.FaultConnectTimeout {
+			m.checkHealth(w.inst)
+		}
 		// A yielding model's drain ends with its last request in flight,
 		// though the requests queued behind it still hold leases.
 		if ev := m.drainEvidence(); ended.Idle || (ev.Active == 0 && m.machine.Snapshot().Yielding) {
@@ -239,14 +267,48 @@ func (m *Model) nextQueued() int {
 }
 
 func (m *Model) grant(w *waiter) {
-	w.granted, w.grantedAt = true, m.now()
+	w.granted, w.grantedAt, w.inst = true, m.now(), m.eng
 	m.active++
 	m.turn = w.client
-	g := grant{target: m.eng.target, tr: m.eng.link.Transport(), served: m.cfg.ServedName}
+	g := grant{inst: m.eng, served: m.cfg.ServedName}
 	if w.woke {
 		g.wakeWait = m.now().Sub(w.arrived)
 	}
 	w.reply <- g
+}
+
+// unreached handles w, granted to inst, whose connection was refused. An
+// instance napd still counts as serving has lost its listener: it is dying
+// or dead, so it is handled as an exit (and stopped before the next wake)
+// without waiting for the supervisor's word. w goes back to the head of
+// the queue, for the next instance.
+func (m *Model) unreached(w *waiter, inst *instance) {
+	if w.granted {
+		w.granted = false
+		m.active--
+	}
+	w.woke = true
+	m.queue = append([]*waiter{w}, m.queue...)
+	if inst == m.eng && !inst.gone.Load() && m.machine.Snapshot().State.Serving() {
+		m.log.Warn("engine refused a connection: handled as an exit")
+		m.stale = true
+		m.engineExited("engine refused a connection", m.now())
+		return
+	}
+	if m.machine.Snapshot().State.Serving() {
+		m.dispatch() // a newer instance serves already
+		m.publish()
+		return
+	}
+	d := m.machine.Arrive(m.now()) // a wake for it, unless one runs
+	if d.Action == lifecycle.Refuse {
+		m.withdraw(w)
+		w.reply <- grant{err: refusal(d.Refusal)}
+		m.noteState()
+		return
+	}
+	m.apply(d, nil)
+	m.publish()
 }
 
 // refuseQueue refuses every queued request with err.

@@ -120,10 +120,45 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 				m.wakeStop = nil
 			}
 			if err == nil {
-				m.eng = newInstance(spec, m.eng.link)
+				m.replaceEngine(newInstance(spec, m.eng.link))
 			}
 			m.apply(m.machine.WakeDone(m.now(), op, err, m.evidence()), nil)
 			m.publish()
+		})
+	}()
+}
+
+// checkHealth checks, off the loop and once at a time, an instance that
+// did not accept a connection in time: a frozen engine is handled as an
+// exit (and stopped before the next wake), a swamped one that still
+// answers its health check keeps serving.
+func (m *Model) checkHealth(inst *instance) {
+	if m.checking || inst != m.eng || inst.gone.Load() || !m.machine.Snapshot().State.Serving() {
+		return
+	}
+	m.checking = true
+	m.log.Warn("engine did not accept a connection in time: checking its health")
+	go func() {
+		ctx, cancel := context.WithTimeout(m.d.Ctx, 10*time.Second)
+		defer cancel()
+		m.opMu.Lock()
+		obs, err := m.d.Supervisor.Observe(ctx, inst.spec)
+		m.opMu.Unlock()
+		m.do(func() {
+			m.checking = false
+			if inst != m.eng || inst.gone.Load() || !m.machine.Snapshot().State.Serving() {
+				return // it went meanwhile
+			}
+			why := obs.Reason
+			if err != nil {
+				why = err.Error()
+			}
+			if err == nil && obs.State == supervisor.Awake {
+				m.log.Info("engine health check passed", "reason", why)
+				return
+			}
+			m.stale = true
+			m.engineExited("engine does not accept connections ("+why+")", m.now())
 		})
 	}()
 }
@@ -189,6 +224,7 @@ func (m *Model) sleepDone(op lifecycle.Op, req lifecycle.SleepRequest, strategy 
 	draining := m.machine.Snapshot().State == lifecycle.Draining
 	d := m.machine.SleepDone(m.now(), op, err, m.evidence())
 	if err == nil {
+		m.eng.retire() // asleep: the next wake makes a new instance
 		m.d.Metrics.Sleeps.WithLabelValues(m.name, sleepLabel(req)).Inc()
 		m.emit(control.Event{Kind: "sleep", Reason: req.Reason.String() + ", strategy " + strategy})
 	}
@@ -302,7 +338,7 @@ func (m *Model) stopped() {
 		link.Close()
 		link, m.nextLink = m.nextLink, nil
 	}
-	m.eng = newInstance(m.spec, link)
+	m.replaceEngine(newInstance(m.spec, link))
 	if m.retiring {
 		m.d.Metrics.Forget(m.name)
 		m.log.Info("model removed")

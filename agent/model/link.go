@@ -1,8 +1,11 @@
 package model
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/napd/napd/agent/config"
@@ -14,8 +17,11 @@ import (
 // implementations: HTTP (an engine on loopback) and ZMQ (a worker behind
 // engine/client).
 type Link interface {
-	// Transport carries requests to the engine.
-	Transport() http.RoundTripper
+	// Transport carries requests to one engine instance. Once gone reports
+	// true the instance has exited or been replaced: a request granted to
+	// it that has not connected yet must not reach whatever listens on
+	// its port now.
+	Transport(gone func() bool) http.RoundTripper
 	// Verify is how a wake proves the engine ready; nil means the
 	// supervisor's HTTP health poll.
 	Verify() supervisor.Verify
@@ -32,23 +38,54 @@ func (m *Model) newLink(cfg *config.Model) Link {
 	return newHTTPLink()
 }
 
-// httpLink is one tuned transport per engine on loopback.
-type httpLink struct{ tr *http.Transport }
+// connectTimeout bounds a connection to an engine on loopback: one that
+// does not accept in this time is frozen or swamped (502, and a health
+// check), whatever the request's own deadline.
+const connectTimeout = 5 * time.Second
 
-func newHTTPLink() *httpLink {
-	return &httpLink{tr: &http.Transport{
-		Proxy:                 nil, // loopback: never through a proxy
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+// httpLink gives each engine instance its own tuned transport on loopback,
+// so no connection outlives the instance it was made to.
+type httpLink struct{}
+
+func newHTTPLink() httpLink { return httpLink{} }
+
+func (httpLink) Transport(gone func() bool) http.RoundTripper {
+	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy: nil, // loopback: never through a proxy
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if gone() {
+				return nil, instanceGone(network, addr)
+			}
+			conn, err := dialer.DialContext(ctx, network, addr)
+			if err == nil && gone() { // it went while this dial ran
+				conn.Close()
+				return nil, instanceGone(network, addr)
+			}
+			return conn, err
+		},
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   1024,
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 0, // the request's deadline governs
 		ForceAttemptHTTP2:     false,
-	}}
+	}
 }
 
-func (l *httpLink) Transport() http.RoundTripper { return l.tr }
-func (l *httpLink) Verify() supervisor.Verify    { return nil }
+func (httpLink) Verify() supervisor.Verify { return nil }
 
-// Close drops idle connections; requests in flight finish on theirs.
-func (l *httpLink) Close() { l.tr.CloseIdleConnections() }
+// Close has nothing to do: each instance's transport is closed with it.
+func (httpLink) Close() {}
+
+// instanceGone is the dial error of a request granted to an engine
+// instance that has gone: a refused connection (the engine never saw the
+// request), so the gateway hands it back to wait for the next instance.
+func instanceGone(network, addr string) error {
+	return &net.OpError{Op: "dial", Net: network, Addr: staticAddr(addr),
+		Err: fmt.Errorf("the engine instance this request was granted to has exited: %w", syscall.ECONNREFUSED)}
+}
+
+type staticAddr string
+
+func (a staticAddr) Network() string { return "tcp" }
+func (a staticAddr) String() string  { return string(a) }

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -42,8 +43,23 @@ type call struct {
 
 // fakeSupervisor hands every wake and sleep to the test on calls.
 type fakeSupervisor struct {
-	calls   chan call
-	observe supervisor.Observed
+	calls chan call
+
+	mu       sync.Mutex
+	observe  supervisor.Observed
+	observes int
+}
+
+func (f *fakeSupervisor) setObserve(o supervisor.Observed) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.observe = o
+}
+
+func (f *fakeSupervisor) observed() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.observes
 }
 
 func (f *fakeSupervisor) do(ctx context.Context, c call) error {
@@ -66,6 +82,9 @@ func (f *fakeSupervisor) Sleep(ctx context.Context, spec supervisor.Spec, strate
 }
 
 func (f *fakeSupervisor) Observe(context.Context, supervisor.Spec) (supervisor.Observation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.observes++
 	return supervisor.Observation{State: f.observe}, nil
 }
 
@@ -140,7 +159,7 @@ func newRigWith(t *testing.T, found supervisor.Observed, tune func(*config.Model
 	if with != nil {
 		with(&d)
 	}
-	r.m = New(d, cfg, specFor(cfg, 8001))
+	r.m = New(d, cfg, specFor(cfg, cmp.Or(cfg.Port, 8001)))
 	go r.m.Run()
 	t.Cleanup(func() {
 		cancel()

@@ -127,6 +127,7 @@ type Model struct {
 	stopping bool               // the engine is being stopped for a reload
 	stale    bool               // the engine may run but does not answer: stop it before the next wake
 	clearing bool               // the wake in flight is stopping such an engine first: its exit is not news
+	checking bool               // a health check of the serving instance is under way
 	seen     lifecycle.Snapshot // the state last announced
 	sleepers []chan error       // operator sleeps waiting for their outcome
 	wakes    planner.Recent     // durations of the recent verified wakes
@@ -138,17 +139,40 @@ type Model struct {
 }
 
 // instance is one engine as requests reach it: the spec it was started
-// with, its root URL and the link to it. Granted requests hold the target
-// and the link's transport; an engine restart replaces the instance, never
-// changes it under them.
+// with, its root URL, the link to it and its own connections. Granted
+// requests hold the instance; an engine restart replaces it, never changes
+// it under them, and retires the old one.
 type instance struct {
 	spec   supervisor.Spec
 	target *url.URL
 	link   Link
+	tr     http.RoundTripper
+	gone   atomic.Bool // retired: it exited, slept or was replaced
 }
 
 func newInstance(spec supervisor.Spec, link Link) *instance {
-	return &instance{spec: spec, target: targetOf(spec), link: link}
+	i := &instance{spec: spec, target: targetOf(spec), link: link}
+	i.tr = link.Transport(i.gone.Load)
+	return i
+}
+
+// retire ends the instance for requests: those granted to it that have not
+// connected yet are refused (and rerouted to the next instance by the
+// gateway), idle connections are dropped. Requests under way finish, or
+// fail, on their own connections.
+func (i *instance) retire() {
+	i.gone.Store(true)
+	if t, ok := i.tr.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+}
+
+// replaceEngine makes next the instance requests are granted to.
+func (m *Model) replaceEngine(next *instance) {
+	if m.eng != next {
+		m.eng.retire()
+	}
+	m.eng = next
 }
 
 // Snapshot is a model's published state.
@@ -315,6 +339,7 @@ func (m *Model) drainEvidence() lease.Evidence {
 
 // closeLinks ends the engine links when the loop ends.
 func (m *Model) closeLinks() {
+	m.eng.retire()
 	m.eng.link.Close()
 	if m.nextLink != nil {
 		m.nextLink.Close()
@@ -373,6 +398,7 @@ func (m *Model) engineExited(reason string, at time.Time) {
 		m.log.Debug("engine exit from before this wake ignored", "reason", reason)
 		return
 	}
+	m.eng.retire()
 	m.apply(m.machine.EngineExited(m.now(), reason, m.evidence()), nil)
 	m.publish()
 }

@@ -48,8 +48,10 @@ type zmqSession struct {
 	upAt time.Time // when it came up: it dates the worker instance
 }
 
-func (z *zmqLink) Transport() http.RoundTripper { return z }
-func (z *zmqLink) Verify() supervisor.Verify    { return z.ready }
+// Transport is the one session to the worker: a worker instance's death
+// ends it (DeadError), so gone adds nothing.
+func (z *zmqLink) Transport(func() bool) http.RoundTripper { return z }
+func (z *zmqLink) Verify() supervisor.Verify               { return z.ready }
 
 // RefusesBeforeWork marks a ZMQ worker's transport as a
 // gateway.RefusingTransport: by the engine contract, its "no room" 503 is
