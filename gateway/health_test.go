@@ -114,8 +114,8 @@ func TestGateway_EngineUnavailableIs502(t *testing.T) {
 			HeaderEngineStatus, resp.Header.Get(HeaderEngineStatus), b)
 	}
 	e.models.outcome()
-	if obs := e.observations(); obs[len(obs)-1] != (observation{"m1", 502}) {
-		t.Errorf("observed %+v, want m1 502", obs[len(obs)-1])
+	if obs := e.waitObservations(1); len(obs) != 1 || obs[0] != (observation{"m1", 502}) {
+		t.Errorf("observed %+v, want m1 502", obs)
 	}
 
 	e.models.transport = refusingTransport{http.DefaultTransport}
