@@ -69,7 +69,7 @@ func (z *zmqLink) RoundTrip(req *http.Request) (*http.Response, error) {
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		return nil, &client.DeadError{Address: z.address, Reason: "not connected yet"}
+		return nil, &client.DeadError{Address: z.address, Reason: "not connected yet", Unsent: true}
 	}
 	s := z.session.Load()
 	resp, err := c.RoundTrip(req)

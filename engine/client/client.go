@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -81,10 +82,23 @@ func (s State) String() string {
 type DeadError struct {
 	Address string
 	Reason  string
+	// Unsent: the request was not sent (no session was up), so the worker
+	// never saw it.
+	Unsent bool
 }
 
 func (e *DeadError) Error() string {
 	return fmt.Sprintf("engine worker %s is dead: %s", e.Address, e.Reason)
+}
+
+// Unwrap makes a request that was never sent read as a refused connection
+// (syscall.ECONNREFUSED): the worker never saw it, so napd may hold it for
+// the next worker instead of failing it.
+func (e *DeadError) Unwrap() error {
+	if e.Unsent {
+		return syscall.ECONNREFUSED
+	}
+	return nil
 }
 
 // RejectedError is a worker that refused napd loudly (wire Error message),

@@ -43,7 +43,7 @@ func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	cn, _ := c.current()
 	if cn == nil {
-		return nil, &DeadError{Address: c.address, Reason: "no session (reconnecting)"}
+		return nil, &DeadError{Address: c.address, Reason: "no session (reconnecting)", Unsent: true}
 	}
 	ctx := req.Context()
 	id := c.nextID.Add(1)
