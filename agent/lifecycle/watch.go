@@ -34,6 +34,15 @@ func (w *Watch) Due(now time.Time) bool {
 	return w.interval > 0 && !now.Before(w.next)
 }
 
+// Hasten makes a probe due at now, ahead of the interval: a request that
+// could not connect to the engine is a reason to look at once. Probes that
+// are off (interval 0) stay off.
+func (w *Watch) Hasten(now time.Time) {
+	if w.interval > 0 && now.Before(w.next) {
+		w.next = now
+	}
+}
+
 // Timeout is how long one probe may take: half the interval, so a probe
 // ends before the next is due, and at most 10 s.
 func (w *Watch) Timeout() time.Duration {

@@ -62,3 +62,22 @@ func TestWatch_OffAndBounds(t *testing.T) {
 		t.Error("health_failures below 1 counts as 1")
 	}
 }
+
+// Hasten makes a probe due at once; probes that are off stay off.
+func TestWatch_Hasten(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	w := NewWatch(time.Minute, 3)
+	w.Reset(t0)
+	if w.Due(t0.Add(time.Second)) {
+		t.Fatal("due before the interval")
+	}
+	w.Hasten(t0.Add(time.Second))
+	if !w.Due(t0.Add(time.Second)) {
+		t.Error("not due after Hasten")
+	}
+	off := NewWatch(0, 3)
+	off.Hasten(t0)
+	if off.Due(t0) {
+		t.Error("Hasten turned probes on")
+	}
+}

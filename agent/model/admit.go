@@ -150,8 +150,8 @@ func (m *Model) end(w *waiter, o gateway.Outcome) {
 			m.requests.Add(now.Sub(w.grantedAt))
 		}
 		m.lastUsed = now
-		if o.Fault == gateway.FaultConnectTimeout {
-			m.checkHealth(w.inst)
+		if o.Fault == gateway.FaultConnectTimeout && w.inst == m.eng {
+			m.probeNow() // frozen, or swamped? the health watch tells
 		}
 		// A yielding model's drain ends with its last request in flight,
 		// though the requests queued behind it still hold leases.

@@ -128,41 +128,6 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	}()
 }
 
-// checkHealth checks, off the loop and once at a time, an instance that
-// did not accept a connection in time: a frozen engine is handled as an
-// exit (and stopped before the next wake), a swamped one that still
-// answers its health check keeps serving.
-func (m *Model) checkHealth(inst *instance) {
-	if m.checking || inst != m.eng || inst.gone.Load() || !m.machine.Snapshot().State.Serving() {
-		return
-	}
-	m.checking = true
-	m.log.Warn("engine did not accept a connection in time: checking its health")
-	go func() {
-		ctx, cancel := context.WithTimeout(m.d.Ctx, 10*time.Second)
-		defer cancel()
-		m.opMu.Lock()
-		obs, err := m.d.Supervisor.Observe(ctx, inst.spec)
-		m.opMu.Unlock()
-		m.do(func() {
-			m.checking = false
-			if inst != m.eng || inst.gone.Load() || !m.machine.Snapshot().State.Serving() {
-				return // it went meanwhile
-			}
-			why := obs.Reason
-			if err != nil {
-				why = err.Error()
-			}
-			if err == nil && obs.State == supervisor.Awake {
-				m.log.Info("engine health check passed", "reason", why)
-				return
-			}
-			m.stale = true
-			m.engineExited("engine does not accept connections ("+why+")", m.now())
-		})
-	}()
-}
-
 // stopEngine stops the engine outside the lifecycle's sleeps: after a
 // failed wake, or before waking an engine that stopped answering. The
 // caller holds opMu.

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/lifecycle"
@@ -128,27 +129,24 @@ func TestRerouteRefusedWhenTheModelFails(t *testing.T) {
 	r.until("idle", func(s Snapshot) bool { return s.Active == 0 && s.QueueDepth == 0 })
 }
 
-// A connect timeout is a reason to check the engine's health: a frozen one
-// is handled as an exit, one that answers keeps serving.
-func TestConnectTimeoutChecksHealth(t *testing.T) {
-	for _, tc := range []struct {
-		found supervisor.Observed
-		want  lifecycle.State
-	}{{supervisor.Unverified, lifecycle.Sleeping}, {supervisor.Awake, lifecycle.Awake}} {
-		t.Run(tc.found.String(), func(t *testing.T) {
-			r := newRig(t, supervisor.Awake, nil)
-			tk := r.granted(r.admit(context.Background()))
-			r.sup.setObserve(tc.found)
-			tk.Done(gateway.Outcome{Fault: gateway.FaultConnectTimeout})
-			r.until("checked", func(Snapshot) bool { return r.sup.observed() == 2 && !r.checking() })
-			r.expect(tc.want)
-		})
+// A connect timeout is a reason to check the engine's health: it is probed
+// at once, not at the next health_interval, and the watch's rules decide.
+func TestConnectTimeoutProbesAtOnce(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.HealthInterval, c.HealthFailures = time.Minute, 1 })
+	r.granted(r.admit(context.Background())).Done(gateway.Outcome{})
+	r.sync()
+	select {
+	case <-r.probes:
+		t.Fatal("probed without a reason before health_interval passed")
+	default:
 	}
-}
-
-// checking reads the loop's flag on the loop.
-func (r *rig) checking() bool {
-	var c bool
-	r.m.call(func() { c = r.m.checking })
-	return c
+	r.granted(r.admit(context.Background())).Done(gateway.Outcome{Fault: gateway.FaultConnectTimeout})
+	r.sync()
+	select {
+	case reply := <-r.probes:
+		reply <- ProbeResult{Err: errors.New("GET /health: context deadline exceeded")}
+	case <-time.After(within):
+		t.Fatal("no health probe after a connect timeout")
+	}
+	r.until("unverified", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Unverified })
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -44,23 +43,8 @@ type call struct {
 
 // fakeSupervisor hands every wake and sleep to the test on calls.
 type fakeSupervisor struct {
-	calls chan call
-
-	mu       sync.Mutex
-	observe  supervisor.Observed
-	observes int
-}
-
-func (f *fakeSupervisor) setObserve(o supervisor.Observed) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.observe = o
-}
-
-func (f *fakeSupervisor) observed() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.observes
+	calls   chan call
+	observe supervisor.Observed
 }
 
 func (f *fakeSupervisor) do(ctx context.Context, c call) error {
@@ -83,9 +67,6 @@ func (f *fakeSupervisor) Sleep(ctx context.Context, spec supervisor.Spec, strate
 }
 
 func (f *fakeSupervisor) Observe(context.Context, supervisor.Spec) (supervisor.Observation, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.observes++
 	return supervisor.Observation{State: f.observe}, nil
 }
 

@@ -127,7 +127,6 @@ type Model struct {
 	stopping bool               // the engine is being stopped for a reload
 	stale    bool               // the engine may run but does not answer: stop it before the next wake
 	clearing bool               // the wake in flight is stopping such an engine first: its exit is not news
-	checking bool               // a health check of the serving instance is under way
 	seen     lifecycle.Snapshot // the state last announced
 	sleepers []chan error       // operator sleeps waiting for their outcome
 	wakes    planner.Recent     // durations of the recent verified wakes

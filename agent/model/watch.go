@@ -65,6 +65,19 @@ func (m *Model) watchTick() {
 	}()
 }
 
+// probeNow probes the serving engine at once rather than at the next
+// health_interval: a request could not connect to it in time. The watch's
+// rules decide, so a swamped engine that shows progress keeps serving.
+func (m *Model) probeNow() {
+	now := m.now()
+	if m.watched != m.eng {
+		m.watched, m.progress = m.eng, Progress{}
+		m.watch.Reset(now)
+	}
+	m.watch.Hasten(now)
+	m.watchTick()
+}
+
 // probed applies a probe's result. A result about an engine that was
 // replaced, or that no longer serves, is old news.
 func (m *Model) probed(eng *instance, sent time.Time, r ProbeResult) {
