@@ -119,7 +119,7 @@ func TestRerouteRefusedWhenTheModelFails(t *testing.T) {
 	r.clock.Advance(1)
 	r.m.EngineExited("signal: killed", r.clock.Now())
 	r.next("wake").reply <- &supervisor.ExitError{Model: "m", State: supervisor.ProcFailed, Reason: "exit status 1"}
-	r.expect(lifecycle.Failed)
+	r.until("failed", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Failed })
 	_, err := reroute(tk).result(t)
 	var ref *gateway.Refusal
 	if !errors.As(err, &ref) || ref.Status != http.StatusServiceUnavailable {
