@@ -448,14 +448,16 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 // setGateway swaps gw in; requests already running keep the one they
 // started with.
 func (a *Agent) setGateway(gw *gateway.Gateway) {
-	h := gw.Handler()
-	a.handler.Store(&h)
-	a.gw.Store(gw)
+	// The metrics forget removed keys first: once a removed key is refused,
+	// its series are gone.
 	var clients []string
 	if keys := gw.APIKeys(); keys != nil {
 		clients = keys.Names()
 	}
 	a.metrics.SetClients(clients)
+	h := gw.Handler()
+	a.handler.Store(&h)
+	a.gw.Store(gw)
 }
 
 func gatewayRoutes(rs []config.Route) []gateway.Route {
