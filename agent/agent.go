@@ -84,6 +84,8 @@ type Agent struct {
 	scraper     *enginemetrics.Scraper
 	footprints  *memo.Store // learned GPU footprints
 	ports       *memo.Store // ports napd allocated for port = 0 models
+	placed      *memo.Store // GPU sets chosen for placed models (bitmasks)
+	placement   placements
 	metrics     *metrics.Metrics
 	hub         *hub
 	notify      notifier
@@ -143,6 +145,10 @@ func Run(ctx context.Context, opts Options) error {
 	if a.ports, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "ports.json")); err != nil {
 		return err
 	}
+	if a.placed, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "placements.json")); err != nil {
+		return err
+	}
+	a.placement.why = make(map[string]string)
 	backend, err := a.openBackend(runCtx, cfg)
 	if err != nil {
 		return err

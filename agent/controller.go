@@ -49,7 +49,7 @@ func (a *Agent) Status() control.Status {
 			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: s.Config.Transport, Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
 			Leases: ev.Active, QueueDepth: s.QueueDepth, LastWakeMs: s.Lifecycle.LastWake.Milliseconds(),
 			Attempts: s.Lifecycle.Attempts, Footprint: a.footprint(s.Config),
-			Unit: a.sup.UnitName(s.Spec),
+			Unit: a.sup.UnitName(s.Spec), GPUs: a.gpusOf(s), Placement: a.placedWhy(m.Name()),
 		}
 		if holders := a.room.waitingFor(m.Name()); holders != "" {
 			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders

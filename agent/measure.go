@@ -183,7 +183,7 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 		}
 		pm := planner.Model{
 			Name: m.Name(), State: s.Lifecycle.State.String(), Pinned: s.Config.Pinned, Sleep: s.Config.Sleep,
-			GPUs: s.Config.GPUs, Footprint: a.footprint(s.Config), IdleTimeout: s.Config.IdleTimeout,
+			GPUs: a.gpusOf(s), Footprint: a.footprint(s.Config), IdleTimeout: s.Config.IdleTimeout,
 			IdleMinimum:    model.PolicyOf(s.Config).IdleMinimum,
 			Leases:         planner.Leases{Active: ev.Active, IdleSince: idleSince},
 			Engine:         mm.activity,

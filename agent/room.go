@@ -77,16 +77,27 @@ func (r *room) waitingFor(model string) string {
 	return ""
 }
 
-// makeRoom is the wake's fit-before-wake: it returns nil once the model
-// fits in the free memory of its GPUs, a 503 Refusal naming the holders
-// when room can never appear in time, errNobodyWaits when its requests
-// left, or ctx's error. While it waits, waiting is told what for (on
-// changes only). It runs on the wake's goroutine.
-func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why string)) error {
-	if m := a.reg.Load().byName[name]; m != nil {
-		if cfg := m.Snapshot().Config; len(cfg.GPUs) == 0 || a.footprint(cfg) == 0 {
-			return nil // nothing to check it against
+// makeRoom is the wake's fit-before-wake: it returns once the model fits
+// in the free memory of its GPUs, a 503 Refusal naming the holders when
+// room can never appear in time, errNobodyWaits when its requests left, or
+// ctx's error. A model with gpus = "any" or { count = N } has its GPUs
+// chosen first; they are returned (nil for a fixed list). While it waits,
+// waiting is told what for (on changes only). It runs on the wake's
+// goroutine.
+func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why string)) ([]int, error) {
+	m := a.reg.Load().byName[name]
+	if m == nil {
+		return nil, nil
+	}
+	var gpus []int
+	if cfg := m.Snapshot().Config; cfg.GPUCount > 0 {
+		var err error
+		if gpus, err = a.place(a.measure(ctx), name); err != nil {
+			return nil, err
 		}
+	}
+	if s := m.Snapshot(); len(a.gpusOf(s)) == 0 || a.footprint(s.Config) == 0 {
+		return gpus, nil // nothing to check it against
 	}
 	w := &roomWait{since: a.clock(), answer: make(chan error, 1), waiting: waiting, acted: make(map[string]time.Time)}
 	r := a.room
@@ -104,9 +115,9 @@ func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why stri
 	}()
 	select {
 	case err := <-w.answer:
-		return err
+		return gpus, err
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 

@@ -42,6 +42,18 @@ func TestParse_EmptyFileIsDefaults(t *testing.T) {
 	}
 }
 
+func TestParse_GPUPlacement(t *testing.T) {
+	cfg := mustParse(t, "[models.a]\n"+minimal+"gpus = \"any\"\n[models.b]\n"+minimal+"gpus = { count = 2 }\n[models.c]\n"+minimal+"gpus = [1]\n")
+	for i, want := range []struct {
+		gpus  []int
+		count int
+	}{{nil, 1}, {nil, 2}, {[]int{1}, 0}} {
+		if m := cfg.Models[i]; !slices.Equal(m.GPUs, want.gpus) || m.GPUCount != want.count {
+			t.Errorf("%s: gpus %v count %d, want %v %d", m.Name, m.GPUs, m.GPUCount, want.gpus, want.count)
+		}
+	}
+}
+
 func TestParse_Errors(t *testing.T) {
 	// Each case is one error class; the problem must name the key and line.
 	tests := []struct {
@@ -94,6 +106,11 @@ func TestParse_Errors(t *testing.T) {
 		{"psi out of range", "[pressure]\npsi_some_avg10 = 0.0\n", 2, "pressure.psi_some_avg10", "out of range"},
 		{"negative gpu", "[models.a]\n" + minimal + "gpus = [0, -1]\n", 3, "models.a.gpus", "out of range"},
 		{"gpu twice", "[models.a]\n" + minimal + "gpus = [1, 1]\n", 3, "models.a.gpus", "listed twice"},
+		{"gpus word", "[models.a]\n" + minimal + "gpus = \"all\"\n", 3, "models.a.gpus", `"any" or { count = N }`},
+		{"gpus count zero", "[models.a]\n" + minimal + "gpus = { count = 0 }\n", 3, "models.a.gpus", "out of range"},
+		{"gpus count type", "[models.a]\n" + minimal + "gpus = { count = \"2\" }\n", 3, "models.a.gpus", "want an integer"},
+		{"gpus table key", "[models.a]\n" + minimal + "gpus = { cnt = 2 }\n", 3, "models.a.gpus", `unknown key "cnt"`},
+		{"gpus any with unit", "[models.a]\nunit = \"a.service\"\nport = 1\ngpus = \"any\"\n", 4, "models.a.gpus", "cannot choose the GPUs"},
 		{"relative path", "[agent]\nstate_dir = \"var/lib/napd\"\n", 2, "agent.state_dir", "not an absolute path"},
 		{"bad listen", "[agent]\nmetrics_listen = \"9464\"\n", 2, "agent.metrics_listen", "want HOST:PORT"},
 		{"bad agent check listen", "[agent]\nhaproxy_agent_listen = \"host\"\n", 2, "agent.haproxy_agent_listen", "want HOST:PORT"},

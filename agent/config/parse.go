@@ -410,7 +410,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"aliases":           setStrings(&m.Aliases, aliasName),
 		"health":            setString(&m.Health, healthPath),
 		"sleep":             setEnum(&m.Sleep, SleepStop, SleepVLLML1, SleepVLLML2, SleepSGLang, SleepNone),
-		"gpus":              setGPUs(&m.GPUs),
+		"gpus":              setGPUs(&m.GPUs, &m.GPUCount),
 		"gpu_memory":        setSize(&m.GPUMemory, false),
 		"max_concurrency":   setInt(&m.MaxConcurrency, 1, 1<<20),
 		"queue":             setInt(&m.Queue, 0, 1<<20),
@@ -537,6 +537,10 @@ func (d *decoder) checkModel(m *Model, t *table) {
 			d.add(d.keyLine(t, "command"), child(t.path, "command"),
 				"port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it")
 		}
+	}
+	if m.GPUCount > 0 && hasUnit {
+		d.add(d.keyLine(t, "gpus"), child(t.path, "gpus"),
+			"napd cannot choose the GPUs of an operator-managed unit: list them (gpus = [0]) or use command")
 	}
 	if _, set := t.keys["activity_metrics"]; set && m.Evidence != EvidenceAuto && m.Evidence != EvidenceMetrics {
 		d.add(d.keyLine(t, "activity_metrics"), child(t.path, "activity_metrics"),

@@ -146,11 +146,14 @@ type Model struct {
 	Command []string // ${PORT} not yet expanded: see ExpandPort
 	Unit    string
 
-	Port             int // 0 = allocate a free port at start
-	Aliases          []string
-	Health           string // path, default "/health"
-	Sleep            string // one of the Sleep* constants
-	GPUs             []int
+	Port    int // 0 = allocate a free port at start
+	Aliases []string
+	Health  string // path, default "/health"
+	Sleep   string // one of the Sleep* constants
+	GPUs    []int  // a fixed list; nil when GPUCount > 0
+	// GPUCount > 0: napd chooses that many GPUs at each wake (gpus = "any"
+	// is 1, gpus = { count = N } is N); 0: GPUs is fixed.
+	GPUCount         int
 	GPUMemory        int64 // bytes; 0 = unknown, learned when awake
 	MaxConcurrency   int
 	Queue            int

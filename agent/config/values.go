@@ -332,11 +332,37 @@ func setCommand(dst *[]string) setter {
 	}
 }
 
-func setGPUs(dst *[]int) setter {
+// setGPUs decodes gpus: a fixed list of indexes, "any" (napd chooses one
+// GPU at each wake) or { count = N } (napd chooses N). count is set to 0
+// for a fixed list.
+func setGPUs(dst *[]int, count *int) setter {
 	return func(raw any) error {
+		switch v := raw.(type) {
+		case string:
+			if v != "any" {
+				return fmt.Errorf(`want an array of GPU indexes, "any" or { count = N }, got %q`, v)
+			}
+			*dst, *count = nil, 1
+			return nil
+		case map[string]any:
+			for k := range v {
+				if k != "count" {
+					return fmt.Errorf("unknown key %q: the table takes count only", k)
+				}
+			}
+			n, ok := v["count"].(int64)
+			if !ok {
+				return fmt.Errorf("count: %w", wantType("an integer", v["count"]))
+			}
+			if n < 1 || n > 64 {
+				return fmt.Errorf("count = %d is out of range (1..64)", n)
+			}
+			*dst, *count = nil, int(n)
+			return nil
+		}
 		arr, ok := raw.([]any)
 		if !ok {
-			return wantType("an array of GPU indexes", raw)
+			return wantType(`an array of GPU indexes, "any" or { count = N }`, raw)
 		}
 		out := make([]int, 0, len(arr))
 		seen := map[int64]bool{}
@@ -354,7 +380,7 @@ func setGPUs(dst *[]int) setter {
 			seen[n] = true
 			out = append(out, int(n))
 		}
-		*dst = out
+		*dst, *count = out, 0
 		return nil
 	}
 }

@@ -58,6 +58,11 @@ type ModelStatus struct {
 	GPUBytes map[string]int64 `json:"gpu_memory_bytes,omitempty"`
 	// Footprint is the expected GPU footprint (configured or learned).
 	Footprint int64 `json:"footprint_bytes,omitempty"`
+	// GPUs are the GPUs the model runs on or wakes on: its fixed list, or
+	// the set napd chose last (gpus = "any" or { count = N }), with
+	// Placement saying why, with the figures.
+	GPUs      []int  `json:"gpus,omitempty"`
+	Placement string `json:"placement,omitempty"`
 	// RoomWaiting is how many requests wait for the model's wake to get
 	// GPU memory, and WaitingFor the holders of that memory.
 	RoomWaiting int    `json:"room_waiting,omitempty"`

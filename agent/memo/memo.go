@@ -2,7 +2,8 @@
 // state_dir, written atomically, so that what napd learned survives a
 // restart: each model's GPU footprint (footprints.json), and the port napd
 // allocated for a model with port = 0 (ports.json), so a restarted napd
-// finds the engine it adopts.
+// finds the engine it adopts, and the GPUs napd chose for a model with
+// gpus = "any" or { count = N } (placements.json, a bitmask of indexes).
 package memo
 
 import (

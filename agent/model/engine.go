@@ -71,7 +71,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	go func() {
 		defer cancel()
 		var waited atomic.Bool
-		err := m.d.MakeRoom(roomCtx, m.name, func(holders string) {
+		gpus, err := m.d.MakeRoom(roomCtx, m.name, func(holders string) {
 			waited.Store(true)
 			m.do(func() {
 				m.machine.WaitingForRoom(m.now(), op, "held by "+holders)
@@ -87,6 +87,9 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 			return
 		case waited.Load():
 			m.do(func() { m.machine.RoomFound(m.now(), op); m.noteState(); m.publish() })
+		}
+		if gpus != nil {
+			spec.GPUs = gpus // chosen for this wake: CUDA_VISIBLE_DEVICES
 		}
 		ctx, stop := context.WithTimeout(roomCtx, m.cfg.WakeTimeout)
 		defer stop()

@@ -124,7 +124,7 @@ func newRigWith(t *testing.T, found supervisor.Observed, tune func(*config.Model
 		Metrics:    metrics.New(func() metrics.Snapshot { return metrics.Snapshot{} }),
 		Emit:       func(e control.Event) { r.events <- e },
 		Clock:      r.clock.Now,
-		MakeRoom:   func(context.Context, string, func(string)) error { return nil },
+		MakeRoom:   func(context.Context, string, func(string)) ([]int, error) { return nil, nil },
 		Probe: func(ctx context.Context, _ supervisor.Spec, _ *config.Model) ProbeResult {
 			reply := make(chan ProbeResult, 1)
 			r.probes <- reply
@@ -697,13 +697,13 @@ func TestCancelYieldServesTheQueue(t *testing.T) {
 func TestRoomWaitEndsIn504NamingTheHolders(t *testing.T) {
 	left := make(chan struct{})
 	r := newRigWith(t, supervisor.Stopped, nil, func(d *Deps) {
-		d.MakeRoom = func(ctx context.Context, _ string, waiting func(string)) error {
+		d.MakeRoom = func(ctx context.Context, _ string, waiting func(string)) ([]int, error) {
 			waiting("busy a (16.0 GiB)")
 			select {
 			case <-left:
-				return errors.New("its requests left while it waited for GPU memory")
+				return nil, errors.New("its requests left while it waited for GPU memory")
 			case <-ctx.Done():
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 		}
 		d.WaitingFor = func(string) string { return "busy a (16.0 GiB)" }

@@ -73,12 +73,13 @@ type Deps struct {
 	// machine or the tracker comes from it.
 	Clock func() time.Time
 	// MakeRoom is the planner's fit-before-wake: it returns once the model
-	// fits in GPU memory; or a *gateway.Refusal when room can never appear
+	// fits in GPU memory, with the GPUs chosen for it (gpus = "any" or
+	// { count = N }; nil for a fixed list); or a *gateway.Refusal when room can never appear
 	// in time, or another error when the wake is not to go ahead (its
 	// requests left), or ctx's error. While the model waits for room,
 	// waiting is told what for (the holders), on changes only. It runs on
 	// the wake's goroutine, never on the loop, and returns when ctx ends.
-	MakeRoom func(ctx context.Context, model string, waiting func(holders string)) error
+	MakeRoom func(ctx context.Context, model string, waiting func(holders string)) ([]int, error)
 	// WaitingFor names the holders of the GPU memory the model's wake
 	// waits for, "" when it does not wait (for a 504's message).
 	WaitingFor func(model string) string

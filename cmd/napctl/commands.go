@@ -72,6 +72,9 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 	}
 	tw.Flush()
 	for _, m := range st.Models {
+		if m.Placement != "" {
+			fmt.Fprintf(w, "%s: gpus chosen: %s\n", m.Name, m.Placement)
+		}
 		if m.WaitingFor != "" {
 			fmt.Fprintf(w, "%s: %d waiting for GPU memory held by %s\n", m.Name, m.RoomWaiting, m.WaitingFor)
 		}
