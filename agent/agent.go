@@ -24,6 +24,7 @@ import (
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
@@ -587,10 +588,10 @@ func (a *Agent) statusLoop(ctx context.Context) {
 }
 
 func (a *Agent) statusLine() string {
-	states := make(map[string]int)
+	states := make(map[lifecycle.State]int)
 	reg := a.reg.Load()
 	for _, m := range reg.list {
-		states[m.Snapshot().Lifecycle.State.String()]++
+		states[m.Snapshot().Lifecycle.State]++
 	}
 	return statusLine(states, len(reg.list), a.tracker.Stats().Live)
 }

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/control"
-	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/request"
 )
 
 // The Agent is the control API's Controller.
@@ -54,8 +54,7 @@ func (a *Agent) Status() control.Status {
 		if holders := a.room.waitingFor(m.Name()); holders != "" {
 			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders
 		}
-		if ev.Active == 0 && !ev.Since.IsZero() {
-			since := ev.Since
+		if since := s.Lifecycle.IdleSince(ev); ev.Active == 0 && !since.IsZero() {
 			row.IdleSince = &since
 		}
 		if ms != nil {
@@ -85,7 +84,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		t, err := m.Admit(ctx, gateway.Admission{Model: m.Name(), Client: "napctl", Kind: lease.KindOther})
+		t, err := m.Admit(ctx, gateway.Admission{Model: m.Name(), Client: "napctl", Kind: request.Other})
 		if err == nil {
 			t.Done(gateway.Outcome{})
 		}

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/napd/napd/agent/config"
@@ -22,7 +21,7 @@ func TestBalancerHealth_EveryState(t *testing.T) {
 		lifecycle.Draining:    agentcheck.Draining,
 		lifecycle.Failed:      agentcheck.Failed,
 	}
-	for s := lifecycle.State(1); !strings.HasPrefix(s.String(), "State("); s++ {
+	for _, s := range lifecycle.States() {
 		h, ok := want[s]
 		if !ok {
 			t.Errorf("state %s: no answer decided for balancers (balancerHealth)", s)

@@ -177,15 +177,11 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 		s := m.Snapshot()
 		mm := ms.models[m.Name()]
 		ev, _ := a.tracker.Evidence(m.Name())
-		idleSince := ev.Since
-		if awakeAt := s.Lifecycle.Since; s.Lifecycle.State.Serving() && awakeAt.After(idleSince) {
-			idleSince = awakeAt // a wake counts as use: no flapping
-		}
 		pm := planner.Model{
-			Name: m.Name(), State: s.Lifecycle.State.String(), Pinned: s.Config.Pinned, Sleep: s.Config.Sleep,
+			Name: m.Name(), State: s.Lifecycle.State, Pinned: s.Config.Pinned, Sleep: s.Config.Sleep,
 			GPUs: a.gpusOf(s), Footprint: a.footprint(s.Config), IdleTimeout: s.Config.IdleTimeout,
 			IdleMinimum:    model.PolicyOf(s.Config).IdleMinimum,
-			Leases:         planner.Leases{Active: ev.Active, IdleSince: idleSince},
+			Leases:         planner.Leases{Active: ev.Active, IdleSince: s.Lifecycle.IdleSince(ev)},
 			Engine:         mm.activity,
 			AllowUntracked: s.Config.AllowUntrackedUnload,
 			LastUsed:       s.LastUsed,
@@ -194,7 +190,7 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 			Learned:        s.Learned,
 		}
 		if s.Lifecycle.State == lifecycle.Unsupported {
-			pm.State = planner.StateAwake // serving; the machine re-checks the proof
+			pm.State = lifecycle.Awake // serving; the machine re-checks the proof
 		}
 		if mm.proc.HaveMemory {
 			pm.HostBytes = mm.proc.MemoryBytes
@@ -294,7 +290,7 @@ func (a *Agent) unproven(ms *measurement, names []string) {
 // next wake's fit check knows their size.
 func (a *Agent) learnFootprints(in planner.Input) {
 	for _, m := range in.Models {
-		if m.State != planner.StateAwake || len(m.GPUBytes) == 0 {
+		if m.State != lifecycle.Awake || len(m.GPUBytes) == 0 {
 			continue
 		}
 		var sum int64
@@ -317,7 +313,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 	for _, m := range a.reg.Load().list {
 		s := m.Snapshot()
 		ev, _ := a.tracker.Evidence(m.Name())
-		mm := metrics.Model{Name: m.Name(), State: s.Lifecycle.State.String(), QueueDepth: s.QueueDepth, Leases: ev.Active, EngineBytes: -1}
+		mm := metrics.Model{Name: m.Name(), State: s.Lifecycle.State, QueueDepth: s.QueueDepth, Leases: ev.Active, EngineBytes: -1}
 		if ms != nil {
 			if me, ok := ms.models[m.Name()]; ok {
 				if me.proc.HaveMemory {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/napd/napd/agent/lifecycle"
 )
 
 // notifier speaks sd_notify to systemd. Outside systemd (no NOTIFY_SOCKET)
@@ -56,9 +58,9 @@ func (n notifier) watchdog(ctx context.Context, healthy func() error) {
 }
 
 // statusLine is the STATUS= text systemctl status shows.
-func statusLine(states map[string]int, total, inFlight int) string {
-	s := fmt.Sprintf("%s: %d awake, %d asleep", plural(total, "model"), states["awake"], states["sleeping"])
-	for _, st := range []string{"waking", "draining", "unverified", "failed", "unsupported"} {
+func statusLine(states map[lifecycle.State]int, total, inFlight int) string {
+	s := fmt.Sprintf("%s: %d awake, %d asleep", plural(total, "model"), states[lifecycle.Awake], states[lifecycle.Sleeping])
+	for _, st := range []lifecycle.State{lifecycle.Waking, lifecycle.Draining, lifecycle.Unverified, lifecycle.Failed, lifecycle.Unsupported} {
 		if n := states[st]; n > 0 {
 			s += fmt.Sprintf(", %d %s", n, st)
 		}

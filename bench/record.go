@@ -8,9 +8,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/request"
 )
 
 // recordFigures is what recording a request costs napd's hot path: the
@@ -49,7 +49,7 @@ func measureRecording() recordFigures {
 	models, clients := []string{"qwen3-8b", "llama-3-70b", "embed", "coder"}, []string{"alice", "batch", "ops"}
 	f.observe = perOp(func(i int) {
 		m.Request(gateway.Observation{
-			Model: models[i%len(models)], Client: clients[i%len(clients)], Kind: lease.KindChat, Stream: i%2 == 0,
+			Model: models[i%len(models)], Client: clients[i%len(clients)], Kind: request.Chat, Stream: i%2 == 0,
 			Status: 200, Duration: 2 * time.Second, Admitted: true, FirstByte: 300 * time.Millisecond,
 			QueueWait: time.Millisecond, Usage: gateway.Usage{PromptTokens: 21, CompletionTokens: 24}, HasUsage: true,
 		})

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/request"
 )
 
 var llamaRoutes = []Route{{"POST", "/completion"}, {"POST", "/tokenize"}, {"GET", "/props"}}
@@ -34,7 +34,7 @@ func TestGateway_RoutesOutsideV1(t *testing.T) {
 		s[1].method != "GET" || s[1].path != "/props" || s[1].query != "model=m2&x=1" {
 		t.Errorf("engine saw %+v", s)
 	}
-	if a := e.models.admitted(); len(a) != 2 || a[0].Model != "m1" || a[0].Kind != lease.KindCompletion || a[1].Model != "m2" {
+	if a := e.models.admitted(); len(a) != 2 || a[0].Model != "m1" || a[0].Kind != request.Completion || a[1].Model != "m2" {
 		t.Errorf("admissions %+v", a)
 	}
 

@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/request"
 )
 
 // Headers the gateway reads or sets.
@@ -48,7 +48,7 @@ type call struct {
 	model     string // "" until resolved
 	client    string // API key name
 	scope     *Scope // the API key's scope; nil when keys are off
-	kind      lease.Kind
+	kind      request.Kind
 	stream    bool
 	admitted  bool
 	wake      time.Duration

@@ -11,7 +11,7 @@ package gateway
 import (
 	"log/slog"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/request"
 	"net/http"
 	"net/http/httputil"
 	"strings"
@@ -87,7 +87,7 @@ const (
 type Observation struct {
 	Model  string // "" when no model was resolved
 	Client string // the API key's name, "" when keys are off
-	Kind   lease.Kind
+	Kind   request.Kind
 	Stream bool
 	// Status is the status sent; StatusClientClosed when the client left
 	// (or the request was aborted) before any status.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/request"
 )
 
 func TestGateway_ForwardsBodyByteForByte(t *testing.T) {
@@ -49,7 +49,7 @@ func TestGateway_ForwardsBodyByteForByte(t *testing.T) {
 	if s[0].header.Get("X-Custom") != "v" || s[0].header.Get("X-Forwarded-For") == "" {
 		t.Errorf("engine headers %v", s[0].header)
 	}
-	want := Admission{Model: "m1", Kind: lease.KindChat}
+	want := Admission{Model: "m1", Kind: request.Chat}
 	if a := e.models.admitted(); len(a) != 1 || a[0] != want {
 		t.Errorf("admissions %+v, want %+v", a, want)
 	}
@@ -68,10 +68,10 @@ func TestGateway_KindAndStreamFromRequest(t *testing.T) {
 		path, body string
 		want       Admission
 	}{
-		{"/v1/chat/completions", `{"model":"m1","stream":true}`, Admission{Model: "m1", Kind: lease.KindChat, Stream: true}},
-		{"/v1/completions", `{"model":"m2"}`, Admission{Model: "m2", Kind: lease.KindCompletion}},
-		{"/v1/embeddings", `{"model":"a1","stream":false}`, Admission{Model: "m1", Kind: lease.KindEmbedding}},
-		{"/v1/audio/speech", `{"model":"m1"}`, Admission{Model: "m1", Kind: lease.KindOther}},
+		{"/v1/chat/completions", `{"model":"m1","stream":true}`, Admission{Model: "m1", Kind: request.Chat, Stream: true}},
+		{"/v1/completions", `{"model":"m2"}`, Admission{Model: "m2", Kind: request.Completion}},
+		{"/v1/embeddings", `{"model":"a1","stream":false}`, Admission{Model: "m1", Kind: request.Embedding}},
+		{"/v1/audio/speech", `{"model":"m1"}`, Admission{Model: "m1", Kind: request.Other}},
 	}
 	for _, c := range cases {
 		resp, b := e.do("POST", c.path, c.body, map[string]string{HeaderIdempotencyKey: "k-" + c.path})
@@ -518,7 +518,7 @@ func TestGateway_UpstreamPassesMethodPathAndQuery(t *testing.T) {
 	if s.method != "PUT" || s.path != "/some/deep/path" || s.query != "x=1&y=two" || string(s.body) != "raw body, not JSON" {
 		t.Errorf("engine saw %s %s?%s %q", s.method, s.path, s.query, s.body)
 	}
-	if a := e.models.admitted()[0]; a != (Admission{Model: "m1", Kind: lease.KindOther}) {
+	if a := e.models.admitted()[0]; a != (Admission{Model: "m1", Kind: request.Other}) {
 		t.Errorf("admission %+v", a)
 	}
 	e.models.outcome()
@@ -561,7 +561,7 @@ func TestGateway_ModelHandlerRoutesEverythingToItsModel(t *testing.T) {
 		}
 	}
 	a := e.models.admitted()
-	want := []Admission{{Model: "m2", Kind: lease.KindChat, Stream: true}, {Model: "m2", Kind: lease.KindOther}, {Model: "m2", Kind: lease.KindOther}}
+	want := []Admission{{Model: "m2", Kind: request.Chat, Stream: true}, {Model: "m2", Kind: request.Other}, {Model: "m2", Kind: request.Other}}
 	if !reflect.DeepEqual(a, want) {
 		t.Errorf("admissions %+v, want %+v", a, want)
 	}

@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/request"
 )
 
 // Models is what the gateway asks of napd's model layer. The agent implements
@@ -33,7 +33,7 @@ type Models interface {
 type Admission struct {
 	Model          string
 	Client         string // the API key's name, or "" when keys are off
-	Kind           lease.Kind
+	Kind           request.Kind
 	Stream         bool
 	IdempotencyKey string // "" when none
 	// Fingerprint, set with IdempotencyKey, hashes the method, path,

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/internal/fakeclock"
+	"github.com/napd/napd/request"
 )
 
 // Observe reports the labels, the timings (queue and wake wait, time to
@@ -65,10 +65,10 @@ func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 	got = append(got, e.next())
 
 	want := []Observation{
-		{Model: "m1", Kind: lease.KindCompletion, Status: 200, Duration: 5 * time.Second, Admitted: true,
+		{Model: "m1", Kind: request.Completion, Status: 200, Duration: 5 * time.Second, Admitted: true,
 			FirstByte: 5 * time.Second, QueueWait: 500 * time.Millisecond, WakeWait: 1500 * time.Millisecond,
 			Usage: Usage{4, 2}, HasUsage: true},
-		{Model: "m1", Kind: lease.KindChat, Stream: true, Status: 200, Duration: 6 * time.Second, Admitted: true,
+		{Model: "m1", Kind: request.Chat, Stream: true, Status: 200, Duration: 6 * time.Second, Admitted: true,
 			FirstByte: 5 * time.Second, QueueWait: 500 * time.Millisecond, WakeWait: 1500 * time.Millisecond,
 			Usage: Usage{11, 22}, HasUsage: true},
 		{Status: 404},

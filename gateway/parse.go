@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/request"
 )
 
 // requestFields are the only parts of a body the gateway reads.
@@ -176,14 +176,14 @@ func parseTimeout(s string) (time.Duration, error) {
 }
 
 // kindOf classifies a request by its engine path.
-func kindOf(path string) lease.Kind {
+func kindOf(path string) request.Kind {
 	switch path {
 	case "/v1/chat/completions", "/v1/messages":
-		return lease.KindChat
+		return request.Chat
 	case "/v1/completions", "/completion", "/infill":
-		return lease.KindCompletion
+		return request.Completion
 	case "/v1/embeddings", "/embedding":
-		return lease.KindEmbedding
+		return request.Embedding
 	}
-	return lease.KindOther
+	return request.Other
 }

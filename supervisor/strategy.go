@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+
+	"github.com/napd/napd/sleepmode"
 )
 
 // strategy is one sleep strategy. A nil field means the strategy has no such
@@ -18,13 +20,20 @@ type strategy struct {
 	asleep func(ctx context.Context, t target) (bool, error)
 }
 
-// strategies is every sleep strategy by its config name (config.Sleep*).
+// strategies is every sleep strategy by its name.
 var strategies = map[string]strategy{
-	"stop":    {sleep: stopSleep},
-	"vllm-l1": vllmStrategy(1),
-	"vllm-l2": vllmStrategy(2),
-	"sglang":  {sleep: sglangRelease, wake: sglangResume},
-	"none":    {},
+	sleepmode.Stop:   {sleep: stopSleep},
+	sleepmode.VLLML1: vllmStrategy(1),
+	sleepmode.VLLML2: vllmStrategy(2),
+	sleepmode.SGLang: {sleep: sglangRelease, wake: sglangResume},
+	sleepmode.None:   {},
+}
+
+// Sleeps reports whether the named strategy puts an engine to sleep
+// (every one but none); an unknown name is an error.
+func Sleeps(name string) (bool, error) {
+	s, err := lookupStrategy(name)
+	return s.sleep != nil, err
 }
 
 func lookupStrategy(name string) (strategy, error) {

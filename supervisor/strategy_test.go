@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/sleepmode"
 )
 
 // fakeBackend is a Backend whose process state the test sets; it records
@@ -141,12 +141,12 @@ func TestStrategies_ExactRequests(t *testing.T) {
 		wakeReqs  []string
 	}{
 		{
-			strategy:  config.SleepVLLML1,
+			strategy:  sleepmode.VLLML1,
 			sleepReqs: []string{"POST /sleep?level=1", "GET /is_sleeping"},
 			wakeReqs:  []string{"GET /health", "GET /is_sleeping", "POST /wake_up", "GET /is_sleeping", "GET /health"},
 		},
 		{
-			strategy:  config.SleepVLLML2,
+			strategy:  sleepmode.VLLML2,
 			sleepReqs: []string{"POST /sleep?level=2", "GET /is_sleeping"},
 			wakeReqs: []string{
 				"GET /health", "GET /is_sleeping",
@@ -158,7 +158,7 @@ func TestStrategies_ExactRequests(t *testing.T) {
 			},
 		},
 		{
-			strategy:  config.SleepSGLang,
+			strategy:  sleepmode.SGLang,
 			sleepReqs: []string{"POST /release_memory_occupation {}"},
 			wakeReqs:  []string{"GET /health", "POST /resume_memory_occupation {}", "GET /health"},
 		},
@@ -191,7 +191,7 @@ func TestStrategies_ExactRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := []string{"GET /health", "GET /is_sleeping"}
-			if tc.strategy == config.SleepSGLang {
+			if tc.strategy == sleepmode.SGLang {
 				want = want[:1]
 			}
 			assertRequests(t, "wake when awake", eng.take(), want)
@@ -204,12 +204,12 @@ func TestStrategies_ExactRequests(t *testing.T) {
 
 func TestStrategies_Stop(t *testing.T) {
 	eng := &recordingEngine{}
-	spec := engineSpec(t, eng, config.SleepVLLML1)
+	spec := engineSpec(t, eng, sleepmode.VLLML1)
 	b := newFakeBackend(ProcRunning)
 	s := newTestSupervisor(t, b)
 	ctx := context.Background()
 	// The planner may stop a vllm-l1 model under host-memory pressure.
-	if err := s.Sleep(ctx, spec, config.SleepStop); err != nil {
+	if err := s.Sleep(ctx, spec, sleepmode.Stop); err != nil {
 		t.Fatal(err)
 	}
 	assertRequests(t, "stop", eng.take(), nil)
@@ -227,10 +227,10 @@ func TestStrategies_Stop(t *testing.T) {
 
 func TestStrategies_NoneAndUnknownNeverSleep(t *testing.T) {
 	eng := &recordingEngine{}
-	spec := engineSpec(t, eng, config.SleepNone)
+	spec := engineSpec(t, eng, sleepmode.None)
 	b := newFakeBackend(ProcRunning)
 	s := newTestSupervisor(t, b)
-	for _, name := range []string{config.SleepNone, "vllm-l3", ""} {
+	for _, name := range []string{sleepmode.None, "vllm-l3", ""} {
 		if err := s.Sleep(context.Background(), spec, name); err == nil {
 			t.Errorf("Sleep with %q succeeded", name)
 		}
@@ -243,9 +243,9 @@ func TestStrategies_NoneAndUnknownNeverSleep(t *testing.T) {
 
 func TestStrategies_VLLMStillAwakeAfterSleepFails(t *testing.T) {
 	eng := &recordingEngine{ignoreSleep: true}
-	spec := engineSpec(t, eng, config.SleepVLLML1)
+	spec := engineSpec(t, eng, sleepmode.VLLML1)
 	s := newTestSupervisor(t, newFakeBackend(ProcRunning))
-	err := s.Sleep(context.Background(), spec, config.SleepVLLML1)
+	err := s.Sleep(context.Background(), spec, sleepmode.VLLML1)
 	if err == nil || !strings.Contains(err.Error(), "is_sleeping=false") {
 		t.Fatalf("Sleep = %v, want is_sleeping=false error", err)
 	}
@@ -257,17 +257,17 @@ func TestStrategies_VLLMStillAwakeAfterSleepFails(t *testing.T) {
 
 func TestStrategies_ControlErrorNamesTheCall(t *testing.T) {
 	eng := &recordingEngine{}
-	spec := engineSpec(t, eng, config.SleepSGLang)
+	spec := engineSpec(t, eng, sleepmode.SGLang)
 	spec.Port = closedPort(t)
 	s := newTestSupervisor(t, newFakeBackend(ProcRunning))
-	err := s.Sleep(context.Background(), spec, config.SleepSGLang)
+	err := s.Sleep(context.Background(), spec, sleepmode.SGLang)
 	if err == nil || !strings.Contains(err.Error(), "POST /release_memory_occupation") {
 		t.Errorf("Sleep = %v", err)
 	}
 }
 
 func TestStrategyTable_CoversConfig(t *testing.T) {
-	for _, name := range []string{config.SleepStop, config.SleepVLLML1, config.SleepVLLML2, config.SleepSGLang, config.SleepNone} {
+	for _, name := range []string{sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.None} {
 		if _, err := lookupStrategy(name); err != nil {
 			t.Error(err)
 		}
@@ -296,9 +296,9 @@ func TestObserve(t *testing.T) {
 		{"awake", ProcRunning, nil, &recordingEngine{}, Awake},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spec := Spec{Model: "m", Port: closedPort(t), Sleep: config.SleepVLLML2}
+			spec := Spec{Model: "m", Port: closedPort(t), Sleep: sleepmode.VLLML2}
 			if tc.engine != nil {
-				spec = engineSpec(t, tc.engine, config.SleepVLLML2)
+				spec = engineSpec(t, tc.engine, sleepmode.VLLML2)
 			}
 			b := newFakeBackend(tc.state)
 			b.err = tc.err
@@ -320,7 +320,7 @@ func TestObserve(t *testing.T) {
 
 func TestWake_ExitDuringWakeFailsAtOnce(t *testing.T) {
 	eng := &recordingEngine{healthCode: 503}
-	spec := engineSpec(t, eng, config.SleepStop)
+	spec := engineSpec(t, eng, sleepmode.Stop)
 	b := newFakeBackend(ProcStopped)
 	b.onStart = func() {
 		// An exit from before this attempt (a preceding stop) is not its.
@@ -351,7 +351,7 @@ func TestWake_ExitDuringWakeFailsAtOnce(t *testing.T) {
 
 func TestWake_OldExitDoesNotFailWake(t *testing.T) {
 	eng := &recordingEngine{}
-	spec := engineSpec(t, eng, config.SleepStop)
+	spec := engineSpec(t, eng, sleepmode.Stop)
 	b := newFakeBackend(ProcStopped)
 	b.onStart = func() {
 		b.events <- Event{Model: "m", State: ProcStopped, Reason: "old", Time: time.Now().Add(-time.Minute)}

@@ -226,7 +226,7 @@ func (s *Supervisor) wakeIfAsleep(ctx context.Context, t target) (bool, error) {
 	return true, nil
 }
 
-// Sleep puts the engine to sleep with the named strategy (config.Sleep*)
+// Sleep puts the engine to sleep with the named strategy (a sleepmode constant)
 // and returns only once it verified the engine sleeps or is stopped. The
 // caller has drained the model first.
 func (s *Supervisor) Sleep(ctx context.Context, spec Spec, name string) error {

@@ -22,7 +22,7 @@ type Spec struct {
 	WorkingDirectory string
 	User             string
 	Health           string // health path, e.g. "/health"
-	Sleep            string // sleep strategy (config.Sleep*)
+	Sleep            string // sleep strategy (a sleepmode constant)
 	StopTimeout      time.Duration
 }
 

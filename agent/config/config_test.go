@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/sleepmode"
 )
 
 // minimal is a valid model body used where a test needs one.
@@ -284,7 +286,7 @@ port = 8102
 	}
 	want := &Model{
 		Name: "zeta", Command: []string{"vllm", "serve", "--port", "${PORT}"}, Port: 8101,
-		Aliases: []string{"default", "Qwen/Qwen3-8B"}, Health: "/healthz", Sleep: SleepVLLML1,
+		Aliases: []string{"default", "Qwen/Qwen3-8B"}, Health: "/healthz", Sleep: sleepmode.VLLML1,
 		GPUs: []int{0, 1}, GPUMemory: 3 << 29, MaxConcurrency: 4, Queue: 0, Pinned: true,
 		Environment: map[string]string{"VLLM_SERVER_DEV_MODE": "1"}, Listen: "127.0.0.1:18101", ServedName: "Qwen/Qwen3-8B-AWQ",
 		Transport: TransportHTTP, WorkingDirectory: "/srv", User: "napd", StopTimeout: 5 * time.Second,
@@ -298,7 +300,7 @@ port = 8102
 	}
 	alpha := cfg.Models[1]
 	if alpha.IdleTimeout != 5*time.Minute || alpha.WakeAttempts != 2 || alpha.Health != DefaultHealth ||
-		alpha.Sleep != SleepStop || alpha.MaxConcurrency != DefaultMaxConcurrency || alpha.Queue != DefaultQueue ||
+		alpha.Sleep != sleepmode.Stop || alpha.MaxConcurrency != DefaultMaxConcurrency || alpha.Queue != DefaultQueue ||
 		alpha.StopTimeout != DefaultStopTimeout || alpha.Transport != TransportHTTP ||
 		alpha.Evidence != EvidenceAuto || alpha.HealthInterval != 30*time.Second || alpha.HealthFailures != 3 ||
 		alpha.YieldAfter != 10*time.Second || alpha.WakeProgress {

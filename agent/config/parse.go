@@ -15,6 +15,7 @@ import (
 
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/statefile"
+	"github.com/napd/napd/sleepmode"
 )
 
 // DefaultPath is where napd reads its configuration unless told otherwise.
@@ -409,7 +410,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"port":              setInt(&m.Port, 0, 65535),
 		"aliases":           setStrings(&m.Aliases, aliasName),
 		"health":            setString(&m.Health, healthPath),
-		"sleep":             setEnum(&m.Sleep, SleepStop, SleepVLLML1, SleepVLLML2, SleepSGLang, SleepNone),
+		"sleep":             setEnum(&m.Sleep, sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.None),
 		"gpus":              setGPUs(&m.GPUs, &m.GPUCount),
 		"gpu_memory":        setSize(&m.GPUMemory, false),
 		"max_concurrency":   setInt(&m.MaxConcurrency, 1, 1<<20),
@@ -435,7 +436,7 @@ func newModel(name string) *Model {
 	return &Model{
 		Name:           name,
 		Health:         DefaultHealth,
-		Sleep:          SleepStop,
+		Sleep:          sleepmode.Stop,
 		Transport:      TransportHTTP,
 		MaxConcurrency: DefaultMaxConcurrency,
 		Queue:          DefaultQueue,
@@ -523,7 +524,7 @@ func (d *decoder) checkModel(m *Model, t *table) {
 			d.add(d.keyLine(t, "evidence"), child(t.path, "evidence"), `a transport = "zmq" worker reports its own activity: leave evidence at "auto"`)
 		}
 		// The vLLM and SGLang strategies call HTTP endpoints a ZMQ worker has not.
-		if m.Sleep != SleepStop && m.Sleep != SleepNone {
+		if m.Sleep != sleepmode.Stop && m.Sleep != sleepmode.None {
 			d.add(d.keyLine(t, "sleep"), child(t.path, "sleep"), fmt.Sprintf(`sleep = %q needs an HTTP engine: a transport = "zmq" worker sleeps by "stop" or "none"`, m.Sleep))
 		}
 	case TransportHTTP:

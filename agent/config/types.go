@@ -6,15 +6,6 @@ package config
 
 import "time"
 
-// Sleep strategies a model may name in `sleep`.
-const (
-	SleepStop   = "stop"
-	SleepVLLML1 = "vllm-l1"
-	SleepVLLML2 = "vllm-l2"
-	SleepSGLang = "sglang"
-	SleepNone   = "none"
-)
-
 // Supervisor backends for agent.supervisor.
 const (
 	SupervisorAuto    = "auto"
@@ -149,7 +140,7 @@ type Model struct {
 	Port    int // 0 = allocate a free port at start
 	Aliases []string
 	Health  string // path, default "/health"
-	Sleep   string // one of the Sleep* constants
+	Sleep   string // one of the sleepmode constants
 	GPUs    []int  // a fixed list; nil when GPUCount > 0
 	// GPUCount > 0: napd chooses that many GPUs at each wake (gpus = "any"
 	// is 1, gpus = { count = N } is N); 0: GPUs is fixed.

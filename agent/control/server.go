@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/internal/statefile"
 )
 
@@ -163,13 +164,13 @@ func (s *server) wake(w http.ResponseWriter, r *http.Request) {
 			for len(phases) > 0 {
 				emit(<-phases)
 			}
-			final := Progress{Phase: "awake", ElapsedMs: time.Since(start).Milliseconds(), Done: true}
+			final := Progress{Phase: lifecycle.Awake.String(), ElapsedMs: time.Since(start).Milliseconds(), Done: true}
 			if errors.Is(err, ErrNotFound) {
 				writeJSON(w, http.StatusNotFound, Error{err.Error()})
 				return
 			}
 			if err != nil {
-				final.Phase, final.Error = "failed", err.Error()
+				final.Phase, final.Error = lifecycle.Failed.String(), err.Error()
 			}
 			_ = enc.Encode(final)
 			return

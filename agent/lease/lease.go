@@ -16,7 +16,7 @@
 //
 //	t := lease.NewTracker(lease.Options{})
 //	t.Register(model, now)               // once per configured model
-//	a, err := t.Begin(now, lease.Request{Model: model, Client: c, Kind: lease.KindChat, Key: k})
+//	a, err := t.Begin(now, lease.Request{Model: model, Client: c, Kind: request.Chat, Key: k})
 //	switch a.Verdict {
 //	case lease.Started:  // run the request (queue it, wake the model…), then
 //		t.End(now, a.ID, lease.Outcome{Response: resp}) // after the last byte
@@ -31,21 +31,12 @@
 package lease
 
 import (
+	"github.com/napd/napd/request"
+
 	"fmt"
 	"net/http"
 	"sync"
 	"time"
-)
-
-// Kind classifies a request.
-type Kind string
-
-// Request kinds.
-const (
-	KindChat       Kind = "chat"
-	KindCompletion Kind = "completion"
-	KindEmbedding  Kind = "embedding"
-	KindOther      Kind = "other"
 )
 
 // ID identifies a live lease. IDs are never reused within a Tracker.
@@ -57,7 +48,7 @@ type Lease struct {
 	ID       ID
 	Model    string
 	Client   string // client label (API key name), never the key itself
-	Kind     Kind
+	Kind     request.Kind
 	Streamed bool
 	Key      string    // idempotency key; "" when none
 	Start    time.Time // when Begin took it
@@ -68,7 +59,7 @@ type Lease struct {
 type Request struct {
 	Model  string
 	Client string
-	Kind   Kind
+	Kind   request.Kind
 	Stream bool
 	Key    string // idempotency key; "" = never joined or replayed
 	// Fingerprint identifies what Key was used for (the gateway hashes

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/request"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -86,8 +88,8 @@ func TestTracker_EvidenceIdleSinceLastEnd(t *testing.T) {
 	if e := evidence(t, tr, "m"); e.Active != 0 || !e.Since.Equal(t0) {
 		t.Fatalf("never used: %+v, want idle since registration %v", e, t0)
 	}
-	a := begin(t, tr, c.advance(time.Minute), Request{Model: "m", Kind: KindChat})
-	b := begin(t, tr, c.advance(time.Second), Request{Model: "m", Kind: KindEmbedding})
+	a := begin(t, tr, c.advance(time.Minute), Request{Model: "m", Kind: request.Chat})
+	b := begin(t, tr, c.advance(time.Second), Request{Model: "m", Kind: request.Embedding})
 	if e := evidence(t, tr, "m"); e.Active != 2 || e.Idle() || e.IdleFor(c.now) != 0 {
 		t.Fatalf("two live: %+v", e)
 	}
@@ -96,7 +98,7 @@ func TestTracker_EvidenceIdleSinceLastEnd(t *testing.T) {
 	}
 	endAt := c.advance(5 * time.Minute)
 	got := end(t, tr, endAt, b.ID, Outcome{})
-	if !got.Idle || got.Lease.Kind != KindEmbedding || !got.Lease.End.Equal(endAt) {
+	if !got.Idle || got.Lease.Kind != request.Embedding || !got.Lease.End.Equal(endAt) {
 		t.Fatalf("last end = %+v", got)
 	}
 	e := evidence(t, tr, "m")
@@ -132,8 +134,8 @@ func TestTracker_UnknownModel(t *testing.T) {
 // Active for the whole time, however long, until End.
 func TestTracker_QueuedAndStreamingHoldLeases(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	stream := begin(t, tr, c.advance(time.Second), Request{Model: "m", Kind: KindChat, Stream: true})
-	queued := begin(t, tr, c.advance(time.Second), Request{Model: "m", Kind: KindCompletion})
+	stream := begin(t, tr, c.advance(time.Second), Request{Model: "m", Kind: request.Chat, Stream: true})
+	queued := begin(t, tr, c.advance(time.Second), Request{Model: "m", Kind: request.Completion})
 	c.advance(2 * time.Hour) // far past any idle timeout
 	if e := evidence(t, tr, "m"); e.Active != 2 {
 		t.Fatalf("stream and queued request: %+v, want 2 active", e)
@@ -152,7 +154,7 @@ func TestTracker_QueuedAndStreamingHoldLeases(t *testing.T) {
 // remembered, so its retry with the same key runs instead of replaying.
 func TestTracker_MidStreamDisconnect(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	req := Request{Model: "m", Client: "alice", Kind: KindChat, Stream: true, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Chat, Stream: true, Key: "k1"}
 	a := begin(t, tr, c.advance(time.Second), req)
 	got := end(t, tr, c.advance(time.Second), a.ID, Outcome{Cancelled: true, Response: resp("partial")})
 	if got.Stored || !got.Idle {
@@ -168,7 +170,7 @@ func TestTracker_MidStreamDisconnect(t *testing.T) {
 // first finishes, the joiner asks again and replays its response.
 func TestTracker_JoinedRetry(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	req := Request{Model: "m", Client: "alice", Kind: KindChat, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Chat, Key: "k1"}
 	first := begin(t, tr, c.advance(time.Second), req)
 	j1 := begin(t, tr, c.advance(time.Second), req)
 	j2 := begin(t, tr, c.now, req)
@@ -200,7 +202,7 @@ func TestTracker_JoinedRetry(t *testing.T) {
 // first joiner to ask again runs; the others join it.
 func TestTracker_JoinerRunsWhenPrimaryCancelled(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	req := Request{Model: "m", Client: "alice", Kind: KindChat, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Chat, Key: "k1"}
 	first := begin(t, tr, c.advance(time.Second), req)
 	j1 := begin(t, tr, c.now, req)
 	j2 := begin(t, tr, c.now, req)
@@ -219,7 +221,7 @@ func TestTracker_JoinerRunsWhenPrimaryCancelled(t *testing.T) {
 
 func TestTracker_ReplayedRetry(t *testing.T) {
 	tr, c := newTracker(t, Options{MaxAge: time.Minute}, "m", "other")
-	req := Request{Model: "m", Client: "alice", Kind: KindCompletion, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Completion, Key: "k1"}
 	a := begin(t, tr, c.advance(time.Second), req)
 	end(t, tr, c.advance(time.Second), a.ID, Outcome{Response: resp("done")})
 
@@ -337,7 +339,7 @@ func TestTracker_MillionKeyedRequests(t *testing.T) {
 		}
 		r := next()
 		a, err := tr.Begin(now, Request{
-			Model: models[r&1], Client: clients[(r>>1)%16], Kind: KindChat,
+			Model: models[r&1], Client: clients[(r>>1)%16], Kind: request.Chat,
 			Key: keys[(r>>5)%8],
 		})
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/request"
 )
 
 // sim drives a Machine and a Tracker together the way the agent's owner
@@ -225,7 +226,7 @@ func (s *sim) staleIgnored(name string, accepted bool, before lifecycle.Snapshot
 }
 
 func (s *sim) begin() lease.ID {
-	a, err := s.tr.Begin(s.now, lease.Request{Model: model, Kind: lease.KindChat})
+	a, err := s.tr.Begin(s.now, lease.Request{Model: model, Kind: request.Chat})
 	if err != nil || a.Verdict != lease.Started {
 		s.t.Fatalf("step %d: Begin = %+v, %v", s.step, a, err)
 	}

@@ -82,8 +82,9 @@ func (m *Machine) Snapshot() Snapshot {
 		State: m.state, Reason: m.reason, Since: m.since,
 		Attempts: m.attempts, Budget: m.policy.WakeAttempts, LastWake: m.lastWake,
 		// A wake's clock stops only while it waits for room.
-		RoomWait: m.state == Waking && m.wakeDeadline.IsZero(),
-		Yielding: m.state == Draining && m.sleep.Reason == Demand,
+		RoomWait:   m.state == Waking && m.wakeDeadline.IsZero(),
+		Yielding:   m.state == Draining && m.sleep.Reason == Demand,
+		AwakeSince: m.awakeSince,
 	}
 }
 
@@ -175,7 +176,7 @@ func (m *Machine) RequestSleep(now time.Time, req SleepRequest, ev Evidence) Dec
 		if ev.Leases.Active > 0 && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("%d requests in flight", ev.Leases.Active)}
 		}
-		idle := now.Sub(later(ev.Leases.Since, m.awakeSince))
+		idle := now.Sub(m.Snapshot().IdleSince(ev.Leases))
 		if idle < m.policy.IdleMinimum && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("idle for %s, under the idle minimum of %s",
 				idle.Round(time.Second), m.policy.IdleMinimum)}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/request"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -122,7 +123,7 @@ func TestMachine_BusyRejection(t *testing.T) {
 		}
 	}
 	// A live lease declines any automatic sleep, however quiet the engine.
-	id, _ := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, _ := b.arrive(lease.Request{Kind: request.Chat})
 	d := want(t, b.sleep(lifecycle.MemoryPressure, lifecycle.EngineIdle), lifecycle.Declined)
 	if d.Reason != "1 requests in flight" {
 		t.Fatalf("reason = %q", d.Reason)
@@ -133,7 +134,7 @@ func TestMachine_BusyRejection(t *testing.T) {
 
 func TestMachine_IdleMinimum(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.StartWake)
 	b.advance(20 * time.Second)
 	want(t, b.wakeDone(d.Op, nil), lifecycle.AdmitWaiting)
@@ -164,12 +165,12 @@ func TestMachine_IdleMinimum(t *testing.T) {
 
 func TestMachine_ArrivalDuringDrainCancelsDrain(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
-	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	stream, _ := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	want(t, b.sleep(lifecycle.Operator, lifecycle.EngineIdle), lifecycle.None)
 	b.wantState(lifecycle.Draining)
 
 	b.advance(time.Second)
-	late, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	late, d := b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.Admit)
 	b.wantState(lifecycle.Awake)
 	b.finish(stream, lease.Outcome{})
@@ -183,10 +184,10 @@ func TestMachine_ArrivalDuringDrainRefused(t *testing.T) {
 	p := policy
 	p.ArrivalWhileDraining = lifecycle.ArrivalRefuse
 	b := newBox(t, p, lifecycle.ReportServing)
-	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	stream, _ := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	want(t, b.sleep(lifecycle.Operator, lifecycle.EngineIdle), lifecycle.None)
 
-	late, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	late, d := b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.Refuse)
 	if r := d.Refusal; r.Status != 503 || r.RetryAfter != 7*time.Second || r.Code != lifecycle.CodeModelDraining {
 		t.Fatalf("refusal = %+v", r)
@@ -205,7 +206,7 @@ func TestMachine_ArrivalDuringDrainRefused(t *testing.T) {
 
 func TestMachine_DrainTimeoutAbandons(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
-	id, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	id, _ := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	want(t, b.sleep(lifecycle.Operator, lifecycle.EngineIdle), lifecycle.None)
 	b.advance(29 * time.Second)
 	want(t, b.tick(), lifecycle.None)
@@ -225,7 +226,7 @@ func TestMachine_DrainTimeoutAbandons(t *testing.T) {
 func TestMachine_LongStreamOutlivesIdleTimeout(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
 	b.advance(time.Hour)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	id, d := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	want(t, d, lifecycle.Admit)
 	b.advance(45 * time.Minute) // 3x a 15m idle timeout
 	want(t, b.sleep(lifecycle.IdleTimeout, lifecycle.EngineIdle), lifecycle.Declined)
@@ -244,7 +245,7 @@ func TestMachine_LongStreamOutlivesIdleTimeout(t *testing.T) {
 // becomes idle at once and its retry runs afresh.
 func TestMachine_MidStreamDisconnect(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
-	req := lease.Request{Client: "alice", Kind: lease.KindChat, Stream: true, Key: "k"}
+	req := lease.Request{Client: "alice", Kind: request.Chat, Stream: true, Key: "k"}
 	id, _ := b.arrive(req)
 	b.advance(10 * time.Second)
 	b.finish(id, lease.Outcome{Cancelled: true})
@@ -261,14 +262,14 @@ func TestMachine_MidStreamDisconnect(t *testing.T) {
 // model Active; nothing may put it to sleep meanwhile.
 func TestMachine_QueuedWork(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	first, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	first, d := b.arrive(lease.Request{Kind: request.Chat})
 	wake := want(t, d, lifecycle.StartWake)
 	if wake.Attempt != 1 {
 		t.Fatalf("attempt = %d", wake.Attempt)
 	}
 	var ids []lease.ID
 	for range 3 {
-		id, d := b.arrive(lease.Request{Kind: lease.KindEmbedding})
+		id, d := b.arrive(lease.Request{Kind: request.Embedding})
 		want(t, d, lifecycle.QueueForWake)
 		ids = append(ids, id)
 	}
@@ -294,7 +295,7 @@ func TestMachine_QueuedWork(t *testing.T) {
 // finishes the retry replays.
 func TestMachine_JoinedAndReplayedRetries(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	req := lease.Request{Model: model, Client: "alice", Kind: lease.KindChat, Key: "k"}
+	req := lease.Request{Model: model, Client: "alice", Kind: request.Chat, Key: "k"}
 	id, d := b.arrive(req)
 	wake := want(t, d, lifecycle.StartWake)
 	j, err := b.tr.Begin(b.now, req)
@@ -316,7 +317,7 @@ func TestMachine_JoinedAndReplayedRetries(t *testing.T) {
 func TestMachine_DemandDrivenWake(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
 	b.wantState(lifecycle.Sleeping)
-	id, d := b.arrive(lease.Request{Kind: lease.KindCompletion})
+	id, d := b.arrive(lease.Request{Kind: request.Completion})
 	wake := want(t, d, lifecycle.StartWake)
 	b.wantState(lifecycle.Waking)
 	if d := b.wakeDone(wake.Op+1, nil); d.Action != lifecycle.None {
@@ -338,7 +339,7 @@ func TestMachine_DemandDrivenWake(t *testing.T) {
 // attempt starts at once.
 func TestMachine_UnhealthyWake(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	wake := want(t, d, lifecycle.StartWake)
 	b.finish(id, lease.Outcome{Cancelled: true}) // the client gave up
 	want(t, b.wakeDone(wake.Op, errUnhealthy), lifecycle.None)
@@ -347,7 +348,7 @@ func TestMachine_UnhealthyWake(t *testing.T) {
 		t.Fatalf("snapshot = %+v", snap)
 	}
 
-	id, d = b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d = b.arrive(lease.Request{Kind: request.Chat})
 	wake = want(t, d, lifecycle.StartWake)
 	if wake.Attempt != 2 {
 		t.Fatalf("attempt = %d, want 2", wake.Attempt)
@@ -365,7 +366,7 @@ func TestMachine_UnhealthyWake(t *testing.T) {
 
 func TestMachine_ThreeFailedAttempts(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	for attempt := 1; attempt <= 2; attempt++ {
 		if d.Attempt != attempt {
 			t.Fatalf("attempt = %d, want %d", d.Attempt, attempt)
@@ -410,7 +411,7 @@ func TestMachine_ThreeFailedAttempts(t *testing.T) {
 
 func TestMachine_TimedOutWake(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	first := want(t, d, lifecycle.StartWake)
 	b.advance(10*time.Minute - time.Nanosecond)
 	want(t, b.tick(), lifecycle.None)
@@ -444,7 +445,7 @@ func TestMachine_OutOfOrderSleepConfirmation(t *testing.T) {
 	// The caller's sleep call timed out; the engine's state is unknown.
 	want(t, b.sleepDone(sleep.Op, context.DeadlineExceeded), lifecycle.None)
 	b.wantState(lifecycle.Unverified)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	wake := want(t, d, lifecycle.StartWake)
 	// The first sleep's confirmation arrives late.
 	if d := b.sleepDone(sleep.Op, nil); d.Action != lifecycle.None || !strings.Contains(d.Reason, "stale") {
@@ -462,7 +463,7 @@ func TestMachine_OutOfOrderSleepConfirmation(t *testing.T) {
 	// confirmation then starts the wake for it.
 	b.advance(time.Hour)
 	sleep = want(t, b.sleep(lifecycle.IdleTimeout, lifecycle.EngineIdle), lifecycle.IssueSleep)
-	id, d = b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d = b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.QueueForWake)
 	want(t, b.sleepDone(sleep.Op, nil), lifecycle.StartWake)
 	b.finish(id, lease.Outcome{Cancelled: true})
@@ -477,7 +478,7 @@ func TestMachine_UnprovableIdleness(t *testing.T) {
 		t.Fatalf("reason = %q / %q", snap.Reason, d.Reason)
 	}
 	// Unsupported is about unloading only: the model still serves.
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.Admit)
 	b.finish(id, lease.Outcome{})
 	// Once the engine gives evidence, an automatic sleep may go through.
@@ -528,7 +529,7 @@ func TestMachine_RestartWithoutAnswer(t *testing.T) {
 	}
 	b.advance(time.Hour)
 	want(t, b.sleep(lifecycle.IdleTimeout, lifecycle.EngineIdle), lifecycle.Declined)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	verify := want(t, d, lifecycle.StartWake)
 	if verify.Attempt != 1 || !strings.Contains(verify.Reason, "verifying health") {
 		t.Fatalf("verification wake = %+v", verify)
@@ -580,13 +581,13 @@ func TestMachine_PlannerEvidence(t *testing.T) {
 		t.Fatalf("never used: %+v", e)
 	}
 	b.advance(time.Minute)
-	q, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	q, d := b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.StartWake)
 	if e := b.ev(); e.Active != 1 || e.IdleFor(b.now) != 0 {
 		t.Fatalf("queued for wake: %+v", e)
 	}
 	want(t, b.wakeDone(d.Op, nil), lifecycle.AdmitWaiting)
-	s, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	s, _ := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	b.advance(time.Minute)
 	b.finish(q, lease.Outcome{})
 	if e := b.ev(); e.Active != 1 {
@@ -645,7 +646,7 @@ func TestMachine_Strings(t *testing.T) {
 // no attempt is spent, the model sleeps again, and a stale abort is ignored.
 func TestMachine_WakeAbortedForNoRoom(t *testing.T) {
 	b := newBox(t, lifecycle.Policy{WakeAttempts: 1}, lifecycle.ReportAsleep)
-	id, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, d := b.arrive(lease.Request{Kind: request.Chat})
 	wake := want(t, d, lifecycle.StartWake)
 	b.m.WakeAborted(b.now, wake.Op, "cannot fit big (40.0 GiB) on GPU 0")
 	snap := b.wantState(lifecycle.Sleeping)
@@ -657,7 +658,7 @@ func TestMachine_WakeAbortedForNoRoom(t *testing.T) {
 	}
 	b.finish(id, lease.Outcome{Cancelled: true})
 	// With a budget of one attempt, a real wake can still run afterwards.
-	_, d = b.arrive(lease.Request{Kind: lease.KindChat})
+	_, d = b.arrive(lease.Request{Kind: request.Chat})
 	want(t, b.wakeDone(want(t, d, lifecycle.StartWake).Op, nil), lifecycle.AdmitWaiting)
 }
 
@@ -665,7 +666,7 @@ func TestMachine_WakeAbortedForNoRoom(t *testing.T) {
 // guards against unloads nobody asked for, but not the proof of idleness.
 func TestMachine_DemandOverridesIdleMinimum(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
-	id, _ := b.arrive(lease.Request{Kind: lease.KindChat})
+	id, _ := b.arrive(lease.Request{Kind: request.Chat})
 	b.finish(id, lease.Outcome{})
 	b.advance(time.Second)
 	want(t, b.sleep(lifecycle.MemoryPressure, lifecycle.EngineIdle), lifecycle.Declined)
@@ -689,14 +690,14 @@ func TestMachine_DemandOverridesIdleMinimum(t *testing.T) {
 // of cancelling the drain. The drain completes on the requests in flight.
 func TestMachine_DemandDrainQueuesArrivals(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
-	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	stream, _ := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	d := want(t, b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.Demand},
 		lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineBusy}), lifecycle.None)
 	b.wantState(lifecycle.Draining)
 	if !strings.Contains(d.Reason, "demand") {
 		t.Fatalf("reason = %q", d.Reason)
 	}
-	late, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	late, d := b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.QueueForWake)
 	b.wantState(lifecycle.Draining)
 
@@ -713,7 +714,7 @@ func TestMachine_DemandDrainQueuesArrivals(t *testing.T) {
 // room is found it counts from then, and so does the measured wake time.
 func TestMachine_RoomWaitStopsTheWakeClock(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	_, d := b.arrive(lease.Request{Kind: lease.KindChat})
+	_, d := b.arrive(lease.Request{Kind: request.Chat})
 	op := want(t, d, lifecycle.StartWake).Op
 	if b.m.Snapshot().RoomWait {
 		t.Fatal("RoomWait before WaitingForRoom")
@@ -743,7 +744,7 @@ func TestMachine_RoomWaitStopsTheWakeClock(t *testing.T) {
 
 	// Once room is found, wake_timeout runs again.
 	b = newBox(t, policy, lifecycle.ReportAsleep)
-	_, d = b.arrive(lease.Request{Kind: lease.KindChat})
+	_, d = b.arrive(lease.Request{Kind: request.Chat})
 	op = want(t, d, lifecycle.StartWake).Op
 	b.m.WaitingForRoom(b.now, op, "held by busy a")
 	b.m.RoomFound(b.now, op)
@@ -758,7 +759,7 @@ func TestMachine_RoomWaitStopsTheWakeClock(t *testing.T) {
 // the model serves again; once the sleep call is out it is too late.
 func TestMachine_CancelYield(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
-	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	stream, _ := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.Demand}, lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineBusy})
 	if !b.m.Snapshot().Yielding {
 		t.Fatal("a Demand drain is not shown as yielding")

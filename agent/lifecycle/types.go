@@ -57,6 +57,12 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", int(s))
 }
 
+// States is every state, in the order status output and metrics list
+// them.
+func States() []State {
+	return []State{Awake, Draining, Sleeping, Waking, Unverified, Unsupported, Failed}
+}
+
 // Serving reports whether a model in state s admits arrivals.
 func (s State) Serving() bool { return s == Awake || s == Unsupported }
 
@@ -149,7 +155,7 @@ func (r SleepReason) String() string {
 // SleepRequest asks for a model to sleep.
 type SleepRequest struct {
 	Reason SleepReason
-	// Strategy is how to sleep (a config.Sleep* value, e.g. "stop" under
+	// Strategy is how to sleep (a sleepmode value, e.g. "stop" under
 	// host-memory pressure instead of the model's "vllm-l1"). Opaque here:
 	// it is handed back in the IssueSleep decision.
 	Strategy string
@@ -319,4 +325,17 @@ type Snapshot struct {
 	// for the wake after it, and the drain waits only for the requests in
 	// flight.
 	Yielding bool
+	// AwakeSince is when the model last became verified awake (a wake, or
+	// an engine found serving at start); zero before.
+	AwakeSince time.Time
+}
+
+// IdleSince is when the model was last in use, given its lease evidence:
+// the later of its last lease's end and its last verified wake (a wake
+// counts as use, so a model just woken is not idle since long before). It
+// is the one definition of "idle since": the machine's idle minimum, the
+// planner's idle timeout and napctl status all read it. While a lease is
+// live, it is the last time the model was idle and means nothing on its own.
+func (s Snapshot) IdleSince(leases lease.Evidence) time.Time {
+	return later(leases.Since, s.AwakeSince)
 }

@@ -11,8 +11,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/request"
 )
 
 // dashboard is the Grafana dashboard shipped in the package.
@@ -121,12 +122,12 @@ func family(fams map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
 func everyFamily(t *testing.T) map[string]*dto.MetricFamily {
 	m := New(func() Snapshot {
 		return Snapshot{
-			Models:        []Model{{Name: "a", State: "awake", EngineBytes: 1, GPUBytes: map[string]int64{"0": 1}}},
+			Models:        []Model{{Name: "a", State: lifecycle.Awake, EngineBytes: 1, GPUBytes: map[string]int64{"0": 1}}},
 			GPUs:          []GPU{{Index: "0", Total: 2, Used: 1}},
 			HostAvailable: 1, HavePSI: true,
 		}
 	})
-	m.Request(gateway.Observation{Model: "a", Client: "c", Kind: lease.KindChat, Status: 200, Admitted: true,
+	m.Request(gateway.Observation{Model: "a", Client: "c", Kind: request.Chat, Status: 200, Admitted: true,
 		Duration: time.Second, FirstByte: time.Second, WakeWait: time.Second, HasUsage: true})
 	m.Wakes.WithLabelValues("a", "ok").Inc()
 	m.WakeTime.WithLabelValues("a").Observe(1)

@@ -9,20 +9,17 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/gateway"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// States lists every lifecycle state, so napd_model_state has one series per
-// state (1 for the current one) and a dashboard can graph transitions.
-var States = []string{"awake", "draining", "sleeping", "waking", "unverified", "unsupported", "failed"}
-
 // Model is one model's gauges at scrape time.
 type Model struct {
 	Name        string
-	State       string
+	State       lifecycle.State
 	QueueDepth  int
 	Leases      int
 	EngineBytes int64 // engine's own memory (cgroup); <0 = not measured
@@ -222,12 +219,14 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	s := g.snapshotFn()
 	for _, m := range s.Models {
-		for _, st := range States {
+		// One series per lifecycle state (1 for the current one), so a
+		// dashboard can graph transitions.
+		for _, st := range lifecycle.States() {
 			v := 0.0
 			if st == m.State {
 				v = 1
 			}
-			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, m.Name, st)
+			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, m.Name, st.String())
 		}
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(m.QueueDepth), m.Name)
 		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(m.Leases), m.Name)

@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/request"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -52,8 +53,8 @@ func value(f *dto.MetricFamily, labels map[string]string) (float64, bool) {
 func TestMetrics_ScrapeParses(t *testing.T) {
 	snap := Snapshot{
 		Models: []Model{
-			{Name: "a", State: "awake", QueueDepth: 3, Leases: 5, EngineBytes: 1 << 30, GPUBytes: map[string]int64{"0": 2 << 30}},
-			{Name: "b", State: "sleeping", EngineBytes: -1},
+			{Name: "a", State: lifecycle.Awake, QueueDepth: 3, Leases: 5, EngineBytes: 1 << 30, GPUBytes: map[string]int64{"0": 2 << 30}},
+			{Name: "b", State: lifecycle.Sleeping, EngineBytes: -1},
 		},
 		GPUs:          []GPU{{Index: "0", Total: 80 << 30, Used: 10 << 30}},
 		HostAvailable: 4 << 30,
@@ -61,13 +62,13 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 	}
 	m := New(func() Snapshot { return snap })
 	m.SetClients([]string{"alice", "bob"}) // the keys file at start
-	ok := gateway.Observation{Model: "a", Client: "alice", Kind: lease.KindChat, Stream: true, Status: 200,
+	ok := gateway.Observation{Model: "a", Client: "alice", Kind: request.Chat, Stream: true, Status: 200,
 		Admitted: true, Duration: 3 * time.Second, FirstByte: 400 * time.Millisecond, QueueWait: 20 * time.Millisecond,
 		WakeWait: 2 * time.Second, Usage: gateway.Usage{PromptTokens: 10, CompletionTokens: 5}, HasUsage: true}
 	m.Request(ok)
 	ok.Client, ok.Usage.PromptTokens, ok.WakeWait, ok.FirstByte = "bob", 7, 0, 0
 	m.Request(ok)
-	m.Request(gateway.Observation{Model: "a", Client: "bob", Kind: lease.KindChat, Status: 504})
+	m.Request(gateway.Observation{Model: "a", Client: "bob", Kind: request.Chat, Status: 504})
 	m.Request(gateway.Observation{Status: 401})
 	m.Wakes.WithLabelValues("a", "ok").Inc()
 	m.WakeTime.WithLabelValues("a").Observe(0.4)

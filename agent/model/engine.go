@@ -11,6 +11,7 @@ import (
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -137,7 +138,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 func (m *Model) stopEngine(spec supervisor.Spec) {
 	ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.StopTimeout+10*time.Second)
 	defer cancel()
-	if err := m.d.Supervisor.Sleep(ctx, spec, config.SleepStop); err != nil {
+	if err := m.d.Supervisor.Sleep(ctx, spec, sleepmode.Stop); err != nil {
 		m.log.Warn("stopping the engine", "err", err)
 	}
 }
@@ -240,13 +241,12 @@ func (m *Model) operatorSleep(strategy string, result chan error) {
 	if strategy == "" {
 		strategy = m.cfg.Sleep
 	}
-	switch strategy {
-	case config.SleepStop, config.SleepVLLML1, config.SleepVLLML2, config.SleepSGLang:
-	case config.SleepNone:
-		result <- fmt.Errorf("sleep %s: strategy %q never puts a model to sleep", m.name, strategy)
-		return
-	default:
+	switch sleeps, err := supervisor.Sleeps(strategy); {
+	case err != nil:
 		result <- fmt.Errorf("sleep %s: unknown strategy %q", m.name, strategy)
+		return
+	case !sleeps:
+		result <- fmt.Errorf("sleep %s: strategy %q never puts a model to sleep", m.name, strategy)
 		return
 	}
 	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.EngineNoEvidence, "")
@@ -282,7 +282,7 @@ func (m *Model) afterIdle() {
 	}
 	switch st := m.machine.Snapshot().State; {
 	case st.Serving():
-		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: config.SleepStop}, lifecycle.EngineNoEvidence, "")
+		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: sleepmode.Stop}, lifecycle.EngineNoEvidence, "")
 		return
 	case st == lifecycle.Waking || st == lifecycle.Draining:
 		return // its result calls afterIdle again

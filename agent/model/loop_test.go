@@ -20,6 +20,8 @@ import (
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/fakeclock"
 	"github.com/napd/napd/probes/sockets"
+	"github.com/napd/napd/request"
+	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -85,7 +87,7 @@ type rig struct {
 
 func testConfig(name string) *config.Model {
 	return &config.Model{
-		Name: name, Transport: config.TransportHTTP, Sleep: config.SleepStop,
+		Name: name, Transport: config.TransportHTTP, Sleep: sleepmode.Stop,
 		MaxConcurrency: 1, Queue: 1,
 		WakeTimeout: time.Minute, WakeAttempts: 3, DrainTimeout: 30 * time.Second,
 		StopTimeout: time.Second, IdleTimeout: time.Hour,
@@ -250,7 +252,7 @@ func (r *rig) admit(ctx context.Context) *admission {
 	a := &admission{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Kind: lease.KindChat})
+		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Kind: request.Chat})
 	}()
 	return a
 }
@@ -430,7 +432,7 @@ func TestDrainThenSleep(t *testing.T) {
 	r.noCall() // the request still runs
 	tk.Done(gateway.Outcome{})
 	c := r.next("sleep")
-	if c.strategy != config.SleepStop || c.spec.Port != 8001 {
+	if c.strategy != sleepmode.Stop || c.spec.Port != 8001 {
 		t.Errorf("sleep call %q on port %d", c.strategy, c.spec.Port)
 	}
 	c.reply <- nil
@@ -486,7 +488,7 @@ func TestOperatorSleepFails(t *testing.T) {
 		t.Fatalf("operator sleep: %v", err)
 	}
 	r.expect(lifecycle.Unverified)
-	if err := r.m.Sleep(context.Background(), config.SleepNone); err == nil {
+	if err := r.m.Sleep(context.Background(), sleepmode.None); err == nil {
 		t.Error(`strategy "none" accepted`)
 	}
 }
@@ -526,7 +528,7 @@ func TestReloadChangedEngine(t *testing.T) {
 	r.noCall() // a request holds the old engine
 	old.Done(gateway.Outcome{})
 	c := r.next("sleep")
-	if c.spec.Port != 8001 || c.strategy != config.SleepStop {
+	if c.spec.Port != 8001 || c.strategy != sleepmode.Stop {
 		t.Fatalf("drained sleep of %d by %q, want the old engine (8001) by stop", c.spec.Port, c.strategy)
 	}
 	c.reply <- nil
@@ -580,7 +582,7 @@ func (r *rig) admitAs(ctx context.Context, client string) *admission {
 	a := &admission{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Client: client, Kind: lease.KindChat})
+		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Client: client, Kind: request.Chat})
 	}()
 	return a
 }
@@ -791,7 +793,7 @@ func TestHealthWatch(t *testing.T) {
 
 	a := r.admit(context.Background())
 	stop := r.next("sleep") // the hung engine is stopped first
-	if stop.strategy != config.SleepStop {
+	if stop.strategy != sleepmode.Stop {
 		t.Fatalf("stale engine stopped with %q", stop.strategy)
 	}
 	r.m.EngineExited("exit status 0", r.clock.Now()) // that stop's exit

@@ -12,14 +12,8 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
-)
-
-// Lifecycle states the planner distinguishes (the lifecycle's state names).
-const (
-	StateAwake    = "awake"
-	StateDraining = "draining"
-	StateSleeping = "sleeping"
-	StateWaking   = "waking"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/sleepmode"
 )
 
 // Engine is what the engine's own metrics say about its work.
@@ -60,11 +54,12 @@ type Leases struct {
 // Model is one configured model as the planner sees it.
 type Model struct {
 	Name string
-	// State is the lifecycle state's name, e.g. StateAwake. Only awake
-	// models are put to sleep; draining ones are already going.
-	State  string
+	// State is the model's lifecycle state. Only awake models are put to
+	// sleep (an unsupported one is passed as awake: the lifecycle re-checks
+	// the proof); draining ones are already going.
+	State  lifecycle.State
 	Pinned bool
-	// Sleep is the sleep strategy (config.Sleep*); config.SleepNone is the
+	// Sleep is the sleep strategy (a sleepmode constant); sleepmode.None is the
 	// same as Pinned.
 	Sleep string
 	GPUs  []int
@@ -134,7 +129,7 @@ type Input struct {
 	GPUUnknown bool
 }
 
-func (m *Model) pinned() bool { return m.Pinned || m.Sleep == config.SleepNone }
+func (m *Model) pinned() bool { return m.Pinned || m.Sleep == sleepmode.None }
 
 // idle reports proven idleness: no lease, and the engine agrees (or the
 // operator allowed unloading without its word).
@@ -155,7 +150,7 @@ func (m *Model) idleFor(now time.Time) time.Duration {
 // evictable reports an awake model that may be put to sleep now for any
 // reason: unpinned, proven idle, and idle for at least its minimum.
 func (m *Model) evictable(now time.Time) bool {
-	return m.State == StateAwake && !m.pinned() && m.idle() &&
+	return m.State == lifecycle.Awake && !m.pinned() && m.idle() &&
 		!m.Leases.IdleSince.IsZero() && m.idleFor(now) >= m.IdleMinimum
 }
 
@@ -198,7 +193,7 @@ func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 func (in *Input) Estimate() {
 	for i := range in.Models {
 		m := &in.Models[i]
-		if m.State == StateSleeping || m.State == StateWaking || m.Footprint <= 0 {
+		if m.State == lifecycle.Sleeping || m.State == lifecycle.Waking || m.Footprint <= 0 {
 			continue
 		}
 		for _, g := range m.GPUs {
@@ -214,7 +209,7 @@ func (in *Input) Estimate() {
 		g := &in.GPUs[i]
 		free := g.Total
 		for _, m := range in.Models {
-			if m.State != StateSleeping && m.State != StateWaking {
+			if m.State != lifecycle.Sleeping && m.State != lifecycle.Waking {
 				free -= m.GPUBytes[g.Index]
 			}
 		}

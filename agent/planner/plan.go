@@ -7,7 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/sleepmode"
 )
 
 // Action is what to do with a model.
@@ -43,7 +44,7 @@ type Decision struct {
 	Model  string
 	Action Action
 	// Strategy is the sleep strategy to apply: the model's own for
-	// ActionSleep, config.SleepStop for ActionStop.
+	// ActionSleep, sleepmode.Stop for ActionStop.
 	Strategy string
 	Reason   Reason
 	// Message says it for a human, with the figures.
@@ -134,10 +135,10 @@ func newPlanner(in *Input) *planner {
 // when the host is short of memory.
 func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 	d := Decision{Model: m.Name, Action: ActionSleep, Strategy: m.Sleep, Reason: reason, IdleFor: m.idleFor(p.in.Now)}
-	if m.Sleep == config.SleepVLLML1 && (m.State != StateAwake || p.in.hostPressed()) {
-		d.Action, d.Strategy = ActionStop, config.SleepStop
+	if m.Sleep == sleepmode.VLLML1 && (m.State != lifecycle.Awake || p.in.hostPressed()) {
+		d.Action, d.Strategy = ActionStop, sleepmode.Stop
 	}
-	if m.State == StateAwake {
+	if m.State == lifecycle.Awake {
 		d.FreesGPU = make(map[int]int64)
 		for _, g := range m.GPUs {
 			if b := m.gpuShare(g); b > 0 {
@@ -145,7 +146,7 @@ func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 			}
 		}
 	}
-	if d.Strategy == config.SleepStop {
+	if d.Strategy == sleepmode.Stop {
 		d.FreesHost = m.HostBytes
 	}
 	verb := "sleep " + m.Name + " (" + m.Sleep + ")"
@@ -171,7 +172,7 @@ func (p *planner) idle() {
 		switch {
 		case m.evictable(now):
 			p.decide(m, ReasonIdle, "idle_timeout "+m.IdleTimeout.String()+" passed")
-		case m.State == StateAwake && !m.pinned() && m.Leases.Active == 0 && m.Engine == EngineNone && !m.AllowUntracked:
+		case m.State == lifecycle.Awake && !m.pinned() && m.Leases.Active == 0 && m.Engine == EngineNone && !m.AllowUntracked:
 			p.unproven = append(p.unproven, m.Name)
 		}
 	}
@@ -185,7 +186,7 @@ func (p *planner) gpuFreed(g int) int64 {
 		freed += d.FreesGPU[g]
 	}
 	for _, m := range p.byLRU {
-		if m.State == StateDraining && !p.chosen[m.Name] {
+		if m.State == lifecycle.Draining && !p.chosen[m.Name] {
 			freed += m.gpuShare(g)
 		}
 	}
@@ -222,10 +223,10 @@ func (p *planner) hostCandidate(m *Model) bool {
 		return false
 	}
 	switch m.State {
-	case StateAwake:
-		return m.evictable(p.in.Now) && (m.Sleep == config.SleepStop || m.Sleep == config.SleepVLLML1)
-	case StateSleeping:
-		return m.Sleep == config.SleepVLLML1 && m.Leases.Active == 0 &&
+	case lifecycle.Awake:
+		return m.evictable(p.in.Now) && (m.Sleep == sleepmode.Stop || m.Sleep == sleepmode.VLLML1)
+	case lifecycle.Sleeping:
+		return m.Sleep == sleepmode.VLLML1 && m.Leases.Active == 0 &&
 			!m.Leases.IdleSince.IsZero() && m.idleFor(p.in.Now) >= m.IdleMinimum
 	}
 	return false

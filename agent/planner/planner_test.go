@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/sleepmode"
 )
 
 const GiB = 1 << 30
@@ -22,7 +24,7 @@ type opt func(*Model)
 // a 15m idle timeout and a 1m anti-flap minimum.
 func model(name string, opts ...opt) Model {
 	m := Model{
-		Name: name, State: StateAwake, Sleep: config.SleepStop, GPUs: []int{0},
+		Name: name, State: lifecycle.Awake, Sleep: sleepmode.Stop, GPUs: []int{0},
 		IdleTimeout: 15 * time.Minute, IdleMinimum: time.Minute, Engine: EngineIdle,
 	}
 	idleFor(5 * time.Minute)(&m)
@@ -47,7 +49,7 @@ func holds(gpuBytes map[int]int64) opt {
 func onGPUs(gs ...int) opt            { return func(m *Model) { m.GPUs = gs } }
 func footprint(b int64) opt           { return func(m *Model) { m.Footprint = b } }
 func sleep(s string) opt              { return func(m *Model) { m.Sleep = s } }
-func state(s string) opt              { return func(m *Model) { m.State = s } }
+func state(s lifecycle.State) opt     { return func(m *Model) { m.State = s } }
 func hostBytes(b int64) opt           { return func(m *Model) { m.HostBytes = b } }
 func engine(e Engine) opt             { return func(m *Model) { m.Engine = e } }
 func leases(n int) opt                { return func(m *Model) { m.Leases.Active = n } }
@@ -100,8 +102,8 @@ func TestPlan_Rules(t *testing.T) {
 	}{
 		{
 			name: "idle past its timeout sleeps with its strategy",
-			in:   roomy(model("a", sleep(config.SleepVLLML2), idleFor(16*time.Minute)), model("b")),
-			want: []want{{"a", ActionSleep, config.SleepVLLML2, ReasonIdle}},
+			in:   roomy(model("a", sleep(sleepmode.VLLML2), idleFor(16*time.Minute)), model("b")),
+			want: []want{{"a", ActionSleep, sleepmode.VLLML2, ReasonIdle}},
 		},
 		{
 			name: "idle timeout 0 never sleeps for idleness",
@@ -123,28 +125,28 @@ func TestPlan_Rules(t *testing.T) {
 		{
 			name: "unprovable idleness with allow_untracked_unload sleeps",
 			in:   roomy(model("a", engine(EngineNone), untrackedAllowed, idleFor(time.Hour))),
-			want: []want{{"a", ActionSleep, config.SleepStop, ReasonIdle}},
+			want: []want{{"a", ActionSleep, sleepmode.Stop, ReasonIdle}},
 		},
 		{
 			name: "never: pinned or sleep none, even idle under GPU pressure",
 			in: gpuFree(roomy(
 				model("p", pinned, idleFor(time.Hour), holds(map[int]int64{0: 30 * GiB})),
-				model("n", sleep(config.SleepNone), idleFor(time.Hour), holds(map[int]int64{0: 30 * GiB})),
+				model("n", sleep(sleepmode.None), idleFor(time.Hour), holds(map[int]int64{0: 30 * GiB})),
 			), 0, 0),
 			unrelieved: 1,
 		},
 		{
 			name: "never: a model that is not awake",
-			in:   roomy(model("a", state(StateWaking), idleFor(time.Hour)), model("b", state(StateSleeping), idleFor(time.Hour))),
+			in:   roomy(model("a", state(lifecycle.Waking), idleFor(time.Hour)), model("b", state(lifecycle.Sleeping), idleFor(time.Hour))),
 		},
 		{
 			name: "GPU pressure sleeps the least recently used idle model that covers it",
 			in: gpuFree(roomy(
 				model("new", idleFor(2*time.Minute), holds(map[int]int64{0: 10 * GiB})),
-				model("old", sleep(config.SleepVLLML1), idleFor(10*time.Minute), holds(map[int]int64{0: 10 * GiB})),
+				model("old", sleep(sleepmode.VLLML1), idleFor(10*time.Minute), holds(map[int]int64{0: 10 * GiB})),
 				model("other-gpu", idleFor(14*time.Minute), holds(map[int]int64{1: 10 * GiB})),
 			), 0, GiB/2),
-			want: []want{{"old", ActionSleep, config.SleepVLLML1, ReasonGPUPressure}},
+			want: []want{{"old", ActionSleep, sleepmode.VLLML1, ReasonGPUPressure}},
 		},
 		{
 			name: "GPU pressure takes as many as the shortfall needs, LRU first",
@@ -153,12 +155,12 @@ func TestPlan_Rules(t *testing.T) {
 				model("b", idleFor(4*time.Minute), holds(map[int]int64{0: GiB / 2})),
 				model("c", idleFor(2*time.Minute), holds(map[int]int64{0: GiB / 2})),
 			), 0, 0),
-			want: []want{{"b", ActionSleep, config.SleepStop, ReasonGPUPressure}, {"a", ActionSleep, config.SleepStop, ReasonGPUPressure}},
+			want: []want{{"b", ActionSleep, sleepmode.Stop, ReasonGPUPressure}, {"a", ActionSleep, sleepmode.Stop, ReasonGPUPressure}},
 		},
 		{
 			name: "GPU pressure uses the footprint share when not measured",
 			in:   gpuFree(roomy(model("tp2", onGPUs(0, 1), footprint(8*GiB))), 1, 0),
-			want: []want{{"tp2", ActionSleep, config.SleepStop, ReasonGPUPressure}},
+			want: []want{{"tp2", ActionSleep, sleepmode.Stop, ReasonGPUPressure}},
 		},
 		{
 			name: "idle decisions count toward GPU relief",
@@ -166,12 +168,12 @@ func TestPlan_Rules(t *testing.T) {
 				model("expired", idleFor(20*time.Minute), holds(map[int]int64{0: 4 * GiB})),
 				model("recent", idleFor(5*time.Minute), holds(map[int]int64{0: 4 * GiB})),
 			), 0, 0),
-			want: []want{{"expired", ActionSleep, config.SleepStop, ReasonIdle}},
+			want: []want{{"expired", ActionSleep, sleepmode.Stop, ReasonIdle}},
 		},
 		{
 			name: "a model still draining counts as relief: no flood of sleeps",
 			in: gpuFree(roomy(
-				model("going", state(StateDraining), holds(map[int]int64{0: 4 * GiB})),
+				model("going", state(lifecycle.Draining), holds(map[int]int64{0: 4 * GiB})),
 				model("idle", holds(map[int]int64{0: 4 * GiB})),
 			), 0, 0),
 		},
@@ -186,31 +188,31 @@ func TestPlan_Rules(t *testing.T) {
 			name: "host pressure stops a vllm-l1 model instead of sleeping it",
 			in: func() Input {
 				in := roomy(
-					model("l1", sleep(config.SleepVLLML1), hostBytes(6*GiB)),
-					model("l2", sleep(config.SleepVLLML2), hostBytes(6*GiB), idleFor(10*time.Minute)),
+					model("l1", sleep(sleepmode.VLLML1), hostBytes(6*GiB)),
+					model("l2", sleep(sleepmode.VLLML2), hostBytes(6*GiB), idleFor(10*time.Minute)),
 				)
 				in.Host.MemAvailable = GiB
 				return in
 			}(),
-			want: []want{{"l1", ActionStop, config.SleepStop, ReasonHostPressure}},
+			want: []want{{"l1", ActionStop, sleepmode.Stop, ReasonHostPressure}},
 		},
 		{
 			name: "host pressure stops a vllm-l1 model asleep with weights in RAM",
 			in: func() Input {
-				in := roomy(model("parked", sleep(config.SleepVLLML1), state(StateSleeping), hostBytes(30*GiB), engine(EngineNone)))
+				in := roomy(model("parked", sleep(sleepmode.VLLML1), state(lifecycle.Sleeping), hostBytes(30*GiB), engine(EngineNone)))
 				in.Host.MemAvailable = GiB
 				return in
 			}(),
-			want: []want{{"parked", ActionStop, config.SleepStop, ReasonHostPressure}},
+			want: []want{{"parked", ActionStop, sleepmode.Stop, ReasonHostPressure}},
 		},
 		{
 			name: "under host pressure an idle vllm-l1 sleep becomes a stop",
 			in: func() Input {
-				in := roomy(model("l1", sleep(config.SleepVLLML1), idleFor(time.Hour), hostBytes(8*GiB)))
+				in := roomy(model("l1", sleep(sleepmode.VLLML1), idleFor(time.Hour), hostBytes(8*GiB)))
 				in.Host.MemAvailable = GiB
 				return in
 			}(),
-			want: []want{{"l1", ActionStop, config.SleepStop, ReasonIdle}},
+			want: []want{{"l1", ActionStop, sleepmode.Stop, ReasonIdle}},
 		},
 		{
 			name: "host pressure with nothing to stop is reported",
@@ -231,7 +233,7 @@ func TestPlan_Rules(t *testing.T) {
 				in.Host.PSISomeAvg10 = 35
 				return in
 			}(),
-			want: []want{{"b", ActionSleep, config.SleepStop, ReasonPSIPressure}},
+			want: []want{{"b", ActionSleep, sleepmode.Stop, ReasonPSIPressure}},
 		},
 		{
 			name: "no PSI reading is no PSI pressure",
@@ -248,7 +250,7 @@ func TestPlan_Rules(t *testing.T) {
 				in.Host.MemAvailable = 0
 				return in
 			}(),
-			want:       []want{{"a", ActionSleep, config.SleepStop, ReasonIdle}},
+			want:       []want{{"a", ActionSleep, sleepmode.Stop, ReasonIdle}},
 			unrelieved: 0,
 		},
 	}
@@ -313,9 +315,9 @@ func TestInput_Estimate(t *testing.T) {
 		Models: []Model{
 			model("a", footprint(10*GiB)),
 			model("tp", footprint(8*GiB), onGPUs(0, 1)),
-			model("asleep", footprint(20*GiB), state(StateSleeping)),
+			model("asleep", footprint(20*GiB), state(lifecycle.Sleeping)),
 			model("unknown"),
-			model("big", footprint(16*GiB), state(StateWaking)),
+			model("big", footprint(16*GiB), state(lifecycle.Waking)),
 		},
 		GPUNote: "the GPU probe fails; estimated",
 	}
@@ -344,7 +346,7 @@ func TestInput_Estimate(t *testing.T) {
 // gate: a model whose footprint is known is refused, saying why.
 func TestPlanRoom_GPUUnknownRefuses(t *testing.T) {
 	in := Input{Now: now, GPUUnknown: true, GPUNote: "GPU probe failed: timeout; no reading yet",
-		Models: []Model{model("big", footprint(16*GiB), state(StateWaking)), model("free", state(StateWaking))}}
+		Models: []Model{model("big", footprint(16*GiB), state(lifecycle.Waking)), model("free", state(lifecycle.Waking))}}
 	p := PlanRoom(in, []Waiter{{Model: "big", Oldest: now}, {Model: "free", Oldest: now}})
 	if tu, _ := p.Turn("big"); tu.Verdict != RoomRefused || tu.Message != "cannot check that big (16.0 GiB) fits on GPU 0: GPU probe failed: timeout; no reading yet" {
 		t.Errorf("%v %q", tu.Verdict, tu.Message)

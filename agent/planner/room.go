@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/napd/napd/agent/lifecycle"
 )
 
 // Waiter is a model whose requests wait for GPU memory to wake.
@@ -191,9 +193,9 @@ func (r *roomPlanner) start() {
 		var coming int64
 		for _, m := range r.byLRU {
 			switch {
-			case m.State == StateWaking && !r.waiting[m.Name]:
+			case m.State == lifecycle.Waking && !r.waiting[m.Name]:
 				avail -= m.toLoad(g.Index)
-			case m.State == StateDraining:
+			case m.State == lifecycle.Draining:
 				coming += m.gpuShare(g.Index)
 			}
 		}
@@ -271,8 +273,8 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		}
 	}
 	for _, d := range r.byLRU {
-		if d.State == StateDraining && d.shareOn(short) > 0 {
-			holders = append(holders, Holder{d.Name, "draining", d.shareOn(short)})
+		if d.State == lifecycle.Draining && d.shareOn(short) > 0 {
+			holders = append(holders, Holder{d.Name, lifecycle.Draining.String(), d.shareOn(short)})
 		}
 	}
 	idle := r.choose(m, left, func(c *Model) bool { return c.demandIdle() })
@@ -288,8 +290,8 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		r.taken[c.Name] = true
 		label, at := "busy", r.yieldAt(c, m, w)
 		switch {
-		case c.State == StateWaking:
-			label = "waking"
+		case c.State == lifecycle.Waking:
+			label = lifecycle.Waking.String()
 		case c.Leases.Active == 0:
 			// Work napd did not admit (the engine says busy): it cannot be
 			// told to yield; its memory comes back when it ends.
@@ -307,7 +309,7 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		// The rest is promised to waiters ahead, or held by models still
 		// loading for them: wait for them to have their turn.
 		for _, o := range r.byLRU {
-			if !r.taken[o.Name] && (r.ahead[o.Name] || (o.State == StateWaking && !r.waiting[o.Name])) && o.toLoadOn(left) > 0 {
+			if !r.taken[o.Name] && (r.ahead[o.Name] || (o.State == lifecycle.Waking && !r.waiting[o.Name])) && o.toLoadOn(left) > 0 {
 				holders = append(holders, Holder{o.Name, "ahead", o.toLoadOn(left)})
 			}
 		}
@@ -408,9 +410,9 @@ func (m *Model) fixed() string {
 	switch {
 	case m.pinned():
 		return "pinned"
-	case m.State == StateSleeping:
-		return "sleeping"
-	case m.State == StateDraining, m.State == StateWaking:
+	case m.State == lifecycle.Sleeping:
+		return m.State.String()
+	case m.State == lifecycle.Draining, m.State == lifecycle.Waking:
 		return "" // not serving, so not scraped: judged once awake
 	case m.Engine == EngineNone && !m.AllowUntracked:
 		return "untracked"
@@ -422,7 +424,7 @@ func (m *Model) fixed() string {
 // request: awake, unpinned and proven idle. Unlike evictable it ignores the
 // idle minimum: demand overrides anti-flap.
 func (m *Model) demandIdle() bool {
-	return m.State == StateAwake && !m.pinned() && m.idle()
+	return m.State == lifecycle.Awake && !m.pinned() && m.idle()
 }
 
 // demandBusy reports a holder that will be free to sleep once its requests
@@ -433,9 +435,9 @@ func (m *Model) demandBusy() bool {
 		return false
 	}
 	switch m.State {
-	case StateWaking:
+	case lifecycle.Waking:
 		return true
-	case StateAwake:
+	case lifecycle.Awake:
 		return m.Leases.Active > 0 || m.Engine == EngineBusy
 	}
 	return false

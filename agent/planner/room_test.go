@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/sleepmode"
 )
 
 func yieldAfter(d time.Duration) opt { return func(m *Model) { m.YieldAfter = d } }
@@ -17,7 +18,7 @@ func learned(wake, req time.Duration) opt {
 
 // waiting is a sleeping model of size b whose request waits for room.
 func waiting(name string, b int64, opts ...opt) Model {
-	return model(name, append([]opt{state(StateWaking), footprint(b)}, opts...)...)
+	return model(name, append([]opt{state(lifecycle.Waking), footprint(b)}, opts...)...)
 }
 
 // since is a waiter whose oldest request arrived ago before now.
@@ -125,7 +126,7 @@ func TestPlanRoom_Rules(t *testing.T) {
 		},
 		{
 			name: "memory draining back counts first: nothing more is put to sleep",
-			in: box1(waiting("b", 20*GiB), model("going", state(StateDraining), a20),
+			in: box1(waiting("b", 20*GiB), model("going", state(lifecycle.Draining), a20),
 				model("idle", holds(map[int]int64{0: 2 * GiB}))),
 			waiters: []Waiter{since("b", 0)},
 			turns:   map[string]turnWant{"b": {verdict: RoomWait, holders: "draining going (20.0 GiB)"}},
@@ -210,7 +211,7 @@ func TestPlanRoom_Rules(t *testing.T) {
 		},
 		{
 			name:    "a model loading reserves what it still has to load",
-			in:      box1(waiting("b", 20*GiB), model("loading", state(StateWaking), footprint(20*GiB))),
+			in:      box1(waiting("b", 20*GiB), model("loading", state(lifecycle.Waking), footprint(20*GiB))),
 			waiters: []Waiter{since("b", time.Second)},
 			turns:   map[string]turnWant{"b": {verdict: RoomWait, holders: "waking loading (20.0 GiB)"}},
 		},
@@ -226,13 +227,13 @@ func TestPlanRoom_Rules(t *testing.T) {
 		},
 		{
 			name:    "memory its own sleeping engine holds need not be freed again",
-			in:      box1(waiting("l1", 20*GiB, sleep(config.SleepVLLML1), holds(map[int]int64{0: 2 * GiB}))),
+			in:      box1(waiting("l1", 20*GiB, sleep(sleepmode.VLLML1), holds(map[int]int64{0: 2 * GiB}))),
 			waiters: []Waiter{since("l1", 0)},
 			turns:   map[string]turnWant{"l1": {verdict: RoomFits}},
 		},
 		{
 			name:    "an unknown footprint is not checked",
-			in:      box1(model("new", state(StateWaking)), model("a", a20, leases(1))),
+			in:      box1(model("new", state(lifecycle.Waking)), model("a", a20, leases(1))),
 			waiters: []Waiter{since("new", 0)},
 			turns:   map[string]turnWant{"new": {verdict: RoomFits, message: "footprint or GPUs unknown"}},
 		},
@@ -245,7 +246,7 @@ func TestPlanRoom_Rules(t *testing.T) {
 		{
 			name: "under host pressure an idle vllm-l1 holder is stopped, not parked in host memory",
 			in: func() Input {
-				in := box1(waiting("b", 20*GiB), model("l1", sleep(config.SleepVLLML1), a20))
+				in := box1(waiting("b", 20*GiB), model("l1", sleep(sleepmode.VLLML1), a20))
 				in.Host.MemAvailable = GiB
 				return in
 			}(),
@@ -324,7 +325,7 @@ func TestPlanRoom_YieldMessage(t *testing.T) {
 // model that just started loading may show in the list and not yet in the
 // free figure. Its memory counts as used.
 func TestPlanRoom_ProcessesCountEvenIfFreeLags(t *testing.T) {
-	in := box1(waiting("b", 16*GiB), model("a", state(StateWaking), footprint(16*GiB), holds(map[int]int64{0: 16 * GiB})))
+	in := box1(waiting("b", 16*GiB), model("a", state(lifecycle.Waking), footprint(16*GiB), holds(map[int]int64{0: 16 * GiB})))
 	in.GPUs[0].Free = 24 * GiB // read before a's engine started
 	got := PlanRoom(in, []Waiter{since("b", 0)})
 	if tu, _ := got.Turn("b"); tu.Verdict != RoomWait {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lifecycle"
 )
 
 func (c *cli) client() *control.Client { return control.NewClient(c.socketPath()) }
@@ -154,7 +155,7 @@ func (c *cli) wake(ctx context.Context, args []string) error {
 			phase = p.Phase
 			if tty {
 				line()
-			} else if !p.Done && p.Phase != "awake" { // the final line says it
+			} else if !p.Done && p.Phase != lifecycle.Awake.String() { // the final line says it
 				fmt.Fprintf(c.out, "%s: %s (%s)\n", model, p.Phase, durStr(time.Duration(p.ElapsedMs)*time.Millisecond))
 			}
 		case <-ticker:

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/napd/napd/supervisor/internal/cgroup"
 )
 
 // procFS reads process groups and memory from /proc and the cgroup tree;
@@ -75,11 +77,10 @@ const (
 // usage when the engine has a cgroup of its own (not napd's), else the sum
 // of VmRSS over pids. It says which in the returned source.
 func (p procFS) memory(leader int, pids []int) (int64, string, error) {
-	if file, ok := p.ownCgroupFile(leader); ok {
-		if b, err := os.ReadFile(file); err == nil {
-			if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
-				return n, memCgroup + " " + file, nil
-			}
+	cg := cgroup.Reader{ProcRoot: p.proc, CgroupRoot: p.cgroup}
+	if paths, ok := cg.Own(leader); ok {
+		if n, file, err := cg.Memory(paths); err == nil {
+			return n, memCgroup + " " + file, nil
 		}
 	}
 	var sum int64
@@ -98,46 +99,6 @@ func (p procFS) memory(leader int, pids []int) (int64, string, error) {
 		return 0, "", errors.New("no VmRSS for the process group")
 	}
 	return sum, memRSS, nil
-}
-
-// ownCgroupFile is the memory usage file of leader's cgroup when it differs
-// from napd's own; a child that shares napd's cgroup has none of its own.
-func (p procFS) ownCgroupFile(leader int) (string, bool) {
-	theirs, err := os.ReadFile(filepath.Join(p.proc, strconv.Itoa(leader), "cgroup"))
-	if err != nil {
-		return "", false
-	}
-	ours, err := os.ReadFile(filepath.Join(p.proc, "self", "cgroup"))
-	if err != nil {
-		return "", false
-	}
-	tv1, tv2 := parseCgroup(theirs)
-	ov1, ov2 := parseCgroup(ours)
-	switch {
-	case tv1 != "" && tv1 != ov1:
-		return filepath.Join(p.cgroup, "memory", tv1, "memory.usage_in_bytes"), true
-	case tv1 == "" && tv2 != "" && tv2 != ov2:
-		return filepath.Join(p.cgroup, tv2, "memory.current"), true
-	}
-	return "", false
-}
-
-// parseCgroup reads a /proc/<pid>/cgroup file: the cgroup v1 memory
-// controller's path, and the unified (v2) path.
-func parseCgroup(b []byte) (v1Memory, v2 string) {
-	for line := range strings.SplitSeq(string(b), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
-			continue
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			v2 = parts[2]
-		}
-		if slices.Contains(strings.Split(parts[1], ","), "memory") {
-			v1Memory = parts[2]
-		}
-	}
-	return v1Memory, v2
 }
 
 // parseVmRSS reads VmRSS from a /proc/<pid>/status file, in bytes.

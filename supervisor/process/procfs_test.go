@@ -71,13 +71,6 @@ func TestProcFS_CgroupV1(t *testing.T) {
 	}
 }
 
-func TestParseCgroup(t *testing.T) {
-	v1, v2 := parseCgroup([]byte("9:name=systemd:/\n4:cpu,memory:/a/b\n0::/c\nbogus\n"))
-	if v1 != "/a/b" || v2 != "/c" {
-		t.Errorf("parseCgroup = %q %q", v1, v2)
-	}
-}
-
 func TestParseVmRSS_Errors(t *testing.T) {
 	for _, in := range []string{"", "VmRSS: 12 MB", "VmRSS: x kB", "VmRSS: -1 kB"} {
 		if _, err := parseVmRSS([]byte(in)); err == nil {
@@ -103,19 +96,6 @@ func FuzzParseVmRSS(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if n, err := parseVmRSS(b); err == nil && n < 0 {
 			t.Errorf("negative RSS %d", n)
-		}
-	})
-}
-
-func FuzzParseCgroup(f *testing.F) {
-	f.Add([]byte("4:memory:/a\n0::/b\n"))
-	f.Add([]byte("0::\n::::"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		v1, v2 := parseCgroup(b)
-		for _, p := range []string{v1, v2} {
-			if p != "" && p[0] != '/' {
-				t.Errorf("relative cgroup path %q", p)
-			}
 		}
 	})
 }

@@ -222,25 +222,6 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func TestParsePIDs(t *testing.T) {
-	if got := parsePIDs([]byte("12\n0\nx\n345\n")); !slices.Equal(got, []int{12, 345}) {
-		t.Errorf("got %v", got)
-	}
-}
-
-func FuzzParsePIDs(f *testing.F) {
-	f.Add([]byte("1\n2\n"))
-	f.Add([]byte(""))
-	f.Add([]byte("-1\n99999999999999999999\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		for _, p := range parsePIDs(data) {
-			if p <= 0 {
-				t.Fatalf("non-positive pid %d", p)
-			}
-		}
-	})
-}
-
 func FuzzUnescapeUnitPath(f *testing.F) {
 	f.Add("napd_2dengine_2dx_2eservice")
 	f.Add("a_")

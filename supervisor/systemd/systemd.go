@@ -12,8 +12,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +22,7 @@ import (
 	godbus "github.com/godbus/dbus/v5"
 
 	"github.com/napd/napd/supervisor"
+	"github.com/napd/napd/supervisor/internal/cgroup"
 )
 
 // Options configures New.
@@ -291,37 +290,11 @@ func (b *Backend) Status(ctx context.Context, spec supervisor.Spec) (supervisor.
 		st.MemoryBytes, st.HaveMemory = int64(mem), true
 	}
 	cg, _ := sprops["ControlGroup"].(string)
-	st.PIDs = b.cgroupPIDs(cg)
+	st.PIDs = cgroup.Reader{CgroupRoot: b.cgroupRoot}.Procs(cg)
 	if main, ok := sprops["MainPID"].(uint32); ok && main > 0 && len(st.PIDs) == 0 {
 		st.PIDs = []int{int(main)}
 	}
 	return st, nil
-}
-
-// cgroupPIDs lists a unit's processes from cgroup.procs: cgroup v2, then
-// the hybrid layout's unified and name=systemd hierarchies.
-func (b *Backend) cgroupPIDs(cg string) []int {
-	if cg == "" {
-		return nil
-	}
-	for _, h := range []string{"", "unified", "systemd"} {
-		data, err := os.ReadFile(filepath.Join(b.cgroupRoot, h, cg, "cgroup.procs"))
-		if err == nil {
-			return parsePIDs(data)
-		}
-	}
-	return nil
-}
-
-// parsePIDs parses cgroup.procs: one pid a line; other lines are skipped.
-func parsePIDs(data []byte) []int {
-	var pids []int
-	for _, f := range strings.Fields(string(data)) {
-		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // Running lists the models of loaded napd-engine-* units (active, starting

@@ -1,7 +1,10 @@
-// Package cgroup finds a process's control group and reads the memory the
-// group uses, on cgroup v2 (memory.current) and v1 (memory.usage_in_bytes).
-// It measures exec-backend engines; systemd units report MemoryCurrent
-// through the supervisor instead.
+// Package cgroup is the one cgroup reader of napd's supervisor backends: it
+// finds a process's control group, reads the memory the group uses (cgroup
+// v2 memory.current, v1 memory.usage_in_bytes) and lists a group's
+// processes (cgroup.procs). The exec backend measures its engines with it;
+// the systemd backend lists a unit's processes with it (systemd reports the
+// unit's memory itself). It only reads: it never moves a process or writes
+// a cgroup file.
 package cgroup
 
 import (
@@ -85,17 +88,41 @@ func (r Reader) PathsOfPID(pid int) (Paths, error) {
 	return p, nil
 }
 
-// Memory returns the bytes charged to the cgroup. On a hybrid host, where
-// the v1 memory controller is mounted, memory is accounted there and the v2
-// group has no memory.current; so v1 is tried first when listed.
-func (r Reader) Memory(p Paths) (int64, error) {
+// Own is the cgroup of pid when it is not napd's own: a process napd
+// started without a cgroup of its own shares napd's, whose memory is not
+// the engine's. ok is false when it shares it or either cannot be read.
+func (r Reader) Own(pid int) (p Paths, ok bool) {
+	theirs, err := r.PathsOfPID(pid)
+	if err != nil {
+		return Paths{}, false
+	}
+	text, err := os.ReadFile(filepath.Join(or(r.ProcRoot, "/proc"), "self", "cgroup"))
+	if err != nil {
+		return Paths{}, false
+	}
+	ours, err := ParseProcCgroup(text)
+	if err != nil {
+		return Paths{}, false
+	}
+	// Memory is accounted in the v1 memory hierarchy when it is listed.
+	if theirs.Memory != "" {
+		return theirs, theirs.Memory != ours.Memory
+	}
+	return theirs, theirs.Unified != "" && theirs.Unified != ours.Unified
+}
+
+// Memory returns the bytes charged to the cgroup and the file it read. On
+// a hybrid host, where the v1 memory controller is mounted, memory is
+// accounted there and the v2 group has no memory.current; so v1 is tried
+// first when listed.
+func (r Reader) Memory(p Paths) (int64, string, error) {
 	root := or(r.CgroupRoot, "/sys/fs/cgroup")
 	var tried []string
 	if p.Memory != "" {
 		file := filepath.Join(root, "memory", p.Memory, "memory.usage_in_bytes")
 		v, err := readBytes(file)
 		if !errors.Is(err, fs.ErrNotExist) {
-			return v, err
+			return v, file, err
 		}
 		tried = append(tried, file)
 	}
@@ -103,11 +130,11 @@ func (r Reader) Memory(p Paths) (int64, error) {
 		file := filepath.Join(root, p.Unified, "memory.current")
 		v, err := readBytes(file)
 		if !errors.Is(err, fs.ErrNotExist) {
-			return v, err
+			return v, file, err
 		}
 		tried = append(tried, file)
 	}
-	return 0, fmt.Errorf("cgroup memory: none of %s exists: %w", strings.Join(tried, ", "), fs.ErrNotExist)
+	return 0, "", fmt.Errorf("cgroup memory: none of %s exists: %w", strings.Join(tried, ", "), fs.ErrNotExist)
 }
 
 // MemoryOfPID returns the memory of the cgroup PID runs in.
@@ -116,11 +143,40 @@ func (r Reader) MemoryOfPID(pid int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	v, err := r.Memory(p)
+	v, _, err := r.Memory(p)
 	if err != nil {
 		return 0, fmt.Errorf("pid %d: %w", pid, err)
 	}
 	return v, nil
+}
+
+// Procs lists the processes of the group at path (a path within the
+// hierarchy, as systemd's ControlGroup property gives it): cgroup v2, then
+// the hybrid layout's unified and name=systemd hierarchies. nil when none
+// can be read.
+func (r Reader) Procs(path string) []int {
+	if path == "" {
+		return nil
+	}
+	root := or(r.CgroupRoot, "/sys/fs/cgroup")
+	for _, h := range []string{"", "unified", "systemd"} {
+		data, err := os.ReadFile(filepath.Join(root, h, path, "cgroup.procs"))
+		if err == nil {
+			return ParsePIDs(data)
+		}
+	}
+	return nil
+}
+
+// ParsePIDs parses cgroup.procs: one pid a line; other lines are skipped.
+func ParsePIDs(data []byte) []int {
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func readBytes(file string) (int64, error) {
