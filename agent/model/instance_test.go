@@ -14,6 +14,7 @@ import (
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -101,7 +102,7 @@ func TestRefusedConnectionWaitsForTheNextWake(t *testing.T) {
 	}
 	again := reroute(tk)
 	stop := r.next("sleep") // what is left of the engine is stopped first
-	if stop.strategy != config.SleepStop {
+	if stop.strategy != sleepmode.Stop {
 		t.Errorf("stopped with %q", stop.strategy)
 	}
 	stop.reply <- nil
