@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/napd/napd/agent/lifecycle"
 )
 
 func TestPlace(t *testing.T) {
@@ -14,7 +16,7 @@ func TestPlace(t *testing.T) {
 		return in
 	}
 	x := func(b int64, opts ...opt) Model {
-		return model("x", append([]opt{state(StateSleeping), footprint(b), onGPUs()}, opts...)...)
+		return model("x", append([]opt{state(lifecycle.Sleeping), footprint(b), onGPUs()}, opts...)...)
 	}
 	tests := []struct {
 		name  string
@@ -32,7 +34,7 @@ func TestPlace(t *testing.T) {
 		{"fits nowhere: short the least", two(5*GiB, 15*GiB, x(20*GiB)), 1, nil, []int{1}, false, "short the least"},
 		{"unknown footprint: freest", two(30*GiB, 60*GiB, x(0)), 1, nil, []int{1}, true, ""},
 		{"a loading model's share is taken", two(60*GiB, 60*GiB, x(20*GiB),
-			model("w", state(StateWaking), footprint(50*GiB), onGPUs(1))), 1, nil, []int{0}, true, ""},
+			model("w", state(lifecycle.Waking), footprint(50*GiB), onGPUs(1))), 1, nil, []int{0}, true, ""},
 		{"own sleeping memory counts", two(25*GiB, 30*GiB, x(30*GiB, holds(map[int]int64{0: 10 * GiB}))), 1, nil, []int{0}, true, ""},
 		{"too few GPUs", two(30*GiB, 60*GiB, x(20*GiB)), 3, nil, nil, false, "needs 3 GPUs, 2 report memory"},
 	}
