@@ -87,6 +87,7 @@ type Agent struct {
 	ports       *memo.Store // ports napd allocated for port = 0 models
 	placed      *memo.Store // GPU sets chosen for placed models (bitmasks)
 	placement   placements
+	estimates   estimates
 	metrics     *metrics.Metrics
 	hub         *hub
 	notify      notifier
@@ -150,6 +151,7 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	a.placement.why = make(map[string]string)
+	a.estimates.files, a.estimates.logged = make(map[string]fileEstimate), make(map[string]int64)
 	backend, err := a.openBackend(runCtx, cfg)
 	if err != nil {
 		return err

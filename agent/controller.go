@@ -48,9 +48,11 @@ func (a *Agent) Status() control.Status {
 			Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: a.reason(m.Name(), s.Lifecycle),
 			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: s.Config.Transport, Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
 			Leases: ev.Active, QueueDepth: s.QueueDepth, LastWakeMs: s.Lifecycle.LastWake.Milliseconds(),
-			Attempts: s.Lifecycle.Attempts, Footprint: a.footprint(s.Config),
-			Unit: a.sup.UnitName(s.Spec), GPUs: a.gpusOf(s), Placement: a.placedWhy(m.Name()),
+			Attempts: s.Lifecycle.Attempts,
+			Unit:     a.sup.UnitName(s.Spec), GPUs: a.gpusOf(s), Placement: a.placedWhy(m.Name()),
 		}
+		fp := a.footprintOf(s)
+		row.Footprint, row.FootprintSource, row.FootprintFrom = fp.Bytes, fp.Source, fp.From
 		if holders := a.room.waitingFor(m.Name()); holders != "" {
 			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders
 		}

@@ -179,7 +179,7 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 		ev, _ := a.tracker.Evidence(m.Name())
 		pm := planner.Model{
 			Name: m.Name(), State: s.Lifecycle.State, Pinned: s.Config.Pinned, Sleep: s.Config.Sleep,
-			GPUs: a.gpusOf(s), Footprint: a.footprint(s.Config), IdleTimeout: s.Config.IdleTimeout,
+			GPUs: a.gpusOf(s), Footprint: a.footprint(s), IdleTimeout: s.Config.IdleTimeout,
 			IdleMinimum:    model.PolicyOf(s.Config).IdleMinimum,
 			Leases:         planner.Leases{Active: ev.Active, IdleSince: s.Lifecycle.IdleSince(ev)},
 			Engine:         mm.activity,
@@ -215,15 +215,6 @@ func lifecycleEngine(e planner.Engine) lifecycle.EngineActivity {
 		return lifecycle.EngineBusy
 	}
 	return lifecycle.EngineNoEvidence
-}
-
-// footprint is a model's expected GPU memory: configured, else learned.
-func (a *Agent) footprint(c *config.Model) int64 {
-	if c.GPUMemory > 0 {
-		return c.GPUMemory
-	}
-	b, _ := a.footprints.Get(c.Name)
-	return b
 }
 
 // plan is one planner round: measure, decide, log each decision once, and
@@ -297,8 +288,12 @@ func (a *Agent) learnFootprints(in planner.Input) {
 		for _, b := range m.GPUBytes {
 			sum += b
 		}
-		if old, ok := a.footprints.Get(m.Name); ok && old == sum {
+		old, ok := a.footprints.Get(m.Name)
+		if ok && old == sum {
 			continue
+		}
+		if !ok {
+			a.log.Info("footprint measured", "model", m.Name, "bytes", sum, "replaces", m.Footprint)
 		}
 		if err := a.footprints.Remember(m.Name, sum); err != nil {
 			a.log.Warn("remembering footprint", "model", m.Name, "err", err)

@@ -96,7 +96,7 @@ func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why stri
 			return nil, err
 		}
 	}
-	if s := m.Snapshot(); len(a.gpusOf(s)) == 0 || a.footprint(s.Config) == 0 {
+	if s := m.Snapshot(); len(a.gpusOf(s)) == 0 || a.footprint(s) == 0 {
 		return gpus, nil // nothing to check it against
 	}
 	w := &roomWait{since: a.clock(), answer: make(chan error, 1), waiting: waiting, acted: make(map[string]time.Time)}

@@ -57,8 +57,13 @@ type ModelStatus struct {
 	EngineBytes *int64 `json:"engine_memory_bytes,omitempty"`
 	// GPUBytes is GPU memory held by the engine, per GPU index.
 	GPUBytes map[string]int64 `json:"gpu_memory_bytes,omitempty"`
-	// Footprint is the expected GPU footprint (configured or learned).
-	Footprint int64 `json:"footprint_bytes,omitempty"`
+	// Footprint is the expected GPU footprint: configured, measured, or
+	// estimated before the first wake (FootprintSource says which:
+	// "gpu_memory", "measured", "estimated"; FootprintFrom what an estimate
+	// was made from).
+	Footprint       int64  `json:"footprint_bytes,omitempty"`
+	FootprintSource string `json:"footprint_source,omitempty"`
+	FootprintFrom   string `json:"footprint_from,omitempty"`
 	// GPUs are the GPUs the model runs on or wakes on: its fixed list, or
 	// the set napd chose last (gpus = "any" or { count = N }), with
 	// Placement saying why, with the figures.

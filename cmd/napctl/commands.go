@@ -73,6 +73,9 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 	}
 	tw.Flush()
 	for _, m := range st.Models {
+		if m.FootprintSource == "estimated" {
+			fmt.Fprintf(w, "%s: footprint %s estimated from %s (until measured)\n", m.Name, bytesStr(m.Footprint), m.FootprintFrom)
+		}
 		if m.Placement != "" {
 			fmt.Fprintf(w, "%s: gpus chosen: %s\n", m.Name, m.Placement)
 		}

@@ -104,6 +104,9 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	fs.BoolVar(&c.opts.BusyHealth, "busy-health", false, "do not answer /health while a completion runs")
 	fs.IntVar(&c.opts.CrashAfter, "crash-after", 0, "exit with status 3 on the Nth completion (mid-stream if streamed); 0 = never")
 	fs.BoolVar(&c.ignoreSIGTERM, "ignore-sigterm", false, "ignore SIGTERM, so that only SIGKILL stops the engine")
+	// vLLM's flag, accepted so that napd's first-load estimate can be
+	// tried with a command line as vLLM's; there is no GPU to take.
+	fs.Float64("gpu-memory-utilization", 0.9, "accepted as vLLM's, ignored (no GPU)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err

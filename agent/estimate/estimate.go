@@ -1,0 +1,119 @@
+// Package estimate guesses a model's GPU footprint before its first wake,
+// when neither gpu_memory nor a measured footprint exists: from the model
+// files its command names, or from vLLM's --gpu-memory-utilization. The
+// guess only stands in until napd measures the engine awake.
+package estimate
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Overhead is the fixed GPU memory an engine takes beyond its weights
+// (CUDA context, compute buffers, a small KV cache).
+const Overhead = 1 << 30
+
+// Estimate is a footprint guess and what it was made from.
+type Estimate struct {
+	Bytes int64
+	From  string // for status and logs, e.g. "4.1 GiB of .gguf × 1.2 + 1.0 GiB"
+}
+
+// FromFiles sums the model files argv names: files ending in .gguf, and
+// directories holding .safetensors files (not descending further). An
+// argument may be a path or --flag=path. It returns 0 when there are none.
+func FromFiles(argv []string) Estimate {
+	var total int64
+	var kinds []string
+	seen := map[string]bool{}
+	for _, arg := range argv {
+		if _, v, ok := strings.Cut(arg, "="); ok && strings.HasPrefix(arg, "-") {
+			arg = v
+		}
+		if arg == "" || strings.HasPrefix(arg, "-") || seen[arg] {
+			continue
+		}
+		seen[arg] = true
+		fi, err := os.Stat(arg)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode().IsRegular() && strings.HasSuffix(strings.ToLower(arg), ".gguf"):
+			total += fi.Size()
+			kinds = appendOnce(kinds, ".gguf")
+		case fi.IsDir():
+			if b := safetensors(arg); b > 0 {
+				total += b
+				kinds = appendOnce(kinds, ".safetensors")
+			}
+		}
+	}
+	if total == 0 {
+		return Estimate{}
+	}
+	return Estimate{Bytes: total*6/5 + Overhead,
+		From: fmt.Sprintf("%s of %s × 1.2 + %s engine overhead", gib(total), strings.Join(kinds, " and "), gib(Overhead))}
+}
+
+func safetensors(dir string) int64 {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".safetensors") || !e.Type().IsRegular() {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			total += fi.Size()
+		}
+	}
+	return total
+}
+
+// FromUtilization is vLLM's --gpu-memory-utilization × the total memory of
+// the GPUs the model runs on (vLLM takes that share of each); zero when
+// argv does not pass the flag or gpuTotal is unknown.
+func FromUtilization(argv []string, gpuTotal int64) Estimate {
+	const flag = "--gpu-memory-utilization"
+	for i, arg := range argv {
+		var v string
+		switch {
+		case arg == flag && i+1 < len(argv):
+			v = argv[i+1]
+		case strings.HasPrefix(arg, flag+"="):
+			v = strings.TrimPrefix(arg, flag+"=")
+		default:
+			continue
+		}
+		u, err := strconv.ParseFloat(v, 64)
+		if err != nil || u <= 0 || u > 1 || gpuTotal <= 0 {
+			return Estimate{}
+		}
+		return Estimate{Bytes: int64(u * float64(gpuTotal)),
+			From: fmt.Sprintf("%s %g × %s of GPU memory", flag, u, gib(gpuTotal))}
+	}
+	return Estimate{}
+}
+
+// Of is the estimate for a command: vLLM's utilization flag when passed
+// (vLLM takes that share whatever the weights), else the model files.
+func Of(argv []string, gpuTotal int64) Estimate {
+	if e := FromUtilization(argv, gpuTotal); e.Bytes > 0 {
+		return e
+	}
+	return FromFiles(argv)
+}
+
+func appendOnce(xs []string, x string) []string {
+	if slices.Contains(xs, x) {
+		return xs
+	}
+	return append(xs, x)
+}
+
+func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
