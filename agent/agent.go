@@ -3,6 +3,12 @@
 // around the lifecycle machine, serves the gateway, the control socket and
 // the metrics, plans sleeps under idleness and memory pressure, reloads on
 // SIGHUP and shuts down on SIGTERM without dropping accepted requests.
+//
+// It owns the registry of models (replaced whole on reload), the gateway and
+// control servers, the planner rounds and the measurements. It must not
+// touch a model's state but through agent/model's methods, decide what the
+// lifecycle or the planner decide, or reach past supervisor.Supervisor to a
+// backend.
 package agent
 
 import (

@@ -7,6 +7,10 @@
 // an administrative state (`ready`, `drain`) and an operational state
 // (`up`, `down`), then `#` and a description shown on the stats page. See
 // docs/fleet.md.
+//
+// It owns the protocol and its listener. It must not decide a model's
+// health: it reports what its lookup says, and never wakes, admits or waits
+// on a model.
 package agentcheck
 
 import (

@@ -17,6 +17,9 @@
 // Reporter (queue depth, capacity, rejected count), Failer (a failure that
 // outlives readiness) and ContextSubmitter (learn of a cancel or a passed
 // deadline while working).
+//
+// It owns the worker side of the contract. It must not depend on napd's
+// agent: a worker imports engine and its wire format only.
 package engine
 
 import (

@@ -2,6 +2,13 @@
 // engines. A Backend runs the engine process (a systemd unit over D-Bus, or a
 // child process group); the Supervisor on top of it adds sleep strategies and
 // verified health, the same for every backend.
+//
+// It owns how an engine is started, stopped, put to sleep, woken and
+// verified, and what a backend may be asked (Backend and the optional
+// interfaces). It must not know napd's config, lifecycle or leases: a Spec
+// is all it is told, and calls for one model are serialised by the caller.
+// Backend-specific code stays under supervisor/: callers use the Supervisor,
+// never a concrete backend.
 package supervisor
 
 import (

@@ -2,6 +2,10 @@
 // (/etc/napd/napd.toml). The types here are the resolved form every other
 // part of napd reads: sizes are bytes, durations are time.Duration, and each
 // model carries its effective policy (its own value or the [policy] default).
+//
+// It owns the file's syntax, defaults and validation. It must not start,
+// open or change anything napd runs: Load only reads and checks, and a
+// config error names the file, the key and the line.
 package config
 
 import "time"

@@ -14,6 +14,10 @@
 //
 // The gateway serves status, wake, sleep, reset and events (as SSE) to
 // admins under /napd/v1/… (AdminHandler).
+//
+// It owns the wire format of the control API and its handlers; the state it
+// reports belongs to the Controller. It must not keep model state of its own
+// or act on a model but through the Controller.
 package control
 
 import (

@@ -1,6 +1,10 @@
 // Package events publishes napd's model lifecycle events on a ZMQ PUB
 // socket (agent.events_address), so local tools can follow model states
 // without polling. The schema is in docs/engine-contract.md.
+//
+// It owns the PUB socket and the event schema. Publishing must not slow the
+// agent: an event a subscriber is too slow for is dropped, never queued
+// without bound.
 package events
 
 import (

@@ -2,6 +2,10 @@
 // journal stream) records go to journald natively, each attribute as its own
 // field (MODEL=, STATE=, REASON=, UNIT=…), so `journalctl -u napd
 // MODEL=qwen3-8b` works; elsewhere readable text goes to stderr.
+//
+// It owns the log format only. It must not decide what is logged, and
+// nothing it formats may carry a prompt, a completion or a credential
+// (callers pass none).
 package logging
 
 import (

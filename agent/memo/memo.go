@@ -4,6 +4,9 @@
 // allocated for a model with port = 0 (ports.json), so a restarted napd
 // finds the engine it adopts, and the GPUs napd chose for a model with
 // gpus = "any" or { count = N } (placements.json, a bitmask of indexes).
+//
+// It owns those two files. It must not store anything but one number per
+// model (never request data), and it writes only through internal/statefile.
 package memo
 
 import (

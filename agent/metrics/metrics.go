@@ -2,6 +2,10 @@
 // are updated as things happen; gauges (model state, queue depth, leases,
 // memory) are read from the agent's published snapshots at scrape time, so a
 // model removed by a reload disappears from the output instead of going stale.
+//
+// It owns the collectors and their label sets. It must not keep model state
+// of its own: gauges are read from the snapshot at scrape time, and label
+// values are bounded by the config and the keys file.
 package metrics
 
 import (

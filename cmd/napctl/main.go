@@ -1,4 +1,8 @@
 // Command napctl controls a running napd over its control socket.
+//
+// It owns the command line only: every command is one control API call
+// (agent/control's client). It must not read napd's state files or touch
+// engines itself.
 package main
 
 import (

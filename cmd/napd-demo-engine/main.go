@@ -1,6 +1,9 @@
 // Command napd-demo-engine emulates a vLLM OpenAI-compatible server without
 // a GPU, so that napd can be developed, demonstrated and tested end to end.
 // See docs/demo-engine.md.
+//
+// It owns the flags only; the emulation is internal/demoengine. It is a test
+// and demo tool and must not be needed by napd itself.
 package main
 
 import (

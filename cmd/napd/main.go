@@ -1,6 +1,9 @@
 // Command napd is the per-host agent for GPU inference boxes: it supervises
 // inference engines, puts idle models to sleep and serves the local
 // OpenAI-compatible gateway.
+//
+// It owns the flags, --check and the signals; everything else is agent.Run.
+// It must not grow logic of its own.
 package main
 
 import (

@@ -2,6 +2,11 @@
 // worker's ipc:// address, keeps the session alive with heartbeats, and
 // serves HTTP requests through it as an http.RoundTripper, so the gateway's
 // reverse proxy reaches a ZMQ worker exactly as it reaches an HTTP engine.
+//
+// It owns the session (dial, handshake, heartbeats, in-flight requests). It
+// must not decide anything about the model's lifecycle: a dead session is
+// reported through OnState and the requests it fails, and napd's model loop
+// decides.
 package client
 
 import (

@@ -6,6 +6,8 @@
 //	go run ./engine/example --bind ipc:///tmp/echo.sock
 //
 // and point a napd model with transport = "zmq" at the same address.
+//
+// It is an example and must not be imported.
 package main
 
 import (

@@ -1,4 +1,7 @@
 // Package ipcsock prepares ipc:// addresses for binding.
+//
+// It removes only a socket file no process listens on any more; it must not
+// remove one a live process is bound to.
 package ipcsock
 
 import (

@@ -3,6 +3,8 @@
 // while loading, completions with paced tokens, vLLM's sleep-mode endpoints
 // (and SGLang's memory-occupation ones), Prometheus metrics, resident
 // "weights" memory and scripted failures. cmd/napd-demo-engine wraps it.
+//
+// It is for tests and demos only: napd must not import it.
 package demoengine
 
 import (

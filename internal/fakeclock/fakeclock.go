@@ -1,6 +1,9 @@
 // Package fakeclock is a clock for tests that only the test moves: code
 // under test is handed its Now, and the test calls Advance, so timing
 // logic is tested without sleeping.
+//
+// It is for tests only: production code takes a func() time.Time and must
+// not import it.
 package fakeclock
 
 import (

@@ -14,6 +14,10 @@
 // The package keeps no state and starts no goroutine; Scraper remembers
 // which adapter answered each engine so that an engine is not asked for
 // endpoints it lacks every round.
+//
+// It only reads: it must not call an engine's control endpoints, and the
+// caller asks it only about engines that serve (asking a sleeping vLLM
+// anything else is not safe).
 package enginemetrics
 
 import (

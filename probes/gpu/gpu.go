@@ -1,6 +1,9 @@
 // Package gpu measures GPU memory per device and per process, through NVML
 // (loaded at run time) or, when NVML cannot load, nvidia-smi. A host with
 // neither has no GPUs, which is not an error.
+//
+// It only measures: it must not change a GPU's state (no reset, no clocks,
+// no MIG), and a probe that fails says so instead of guessing.
 package gpu
 
 import (

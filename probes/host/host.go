@@ -1,5 +1,8 @@
 // Package host measures the host's memory: total and available RAM (through
 // gopsutil) and memory pressure stall information from /proc/pressure/memory.
+//
+// It only measures: it must not act on what it reads, and it owns no
+// goroutine.
 package host
 
 import (

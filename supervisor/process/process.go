@@ -3,6 +3,10 @@
 // laptop, a CI box). Stop signals the whole group, an exit is noticed at once
 // by a goroutine in wait(2), and output goes to a bounded, rotated log per
 // model under <state_dir>/logs.
+//
+// It owns its child processes and their logs. It must not outlive napd's
+// intent: engines die with napd (Pdeathsig), and a restarted napd kills what
+// a crashed one left running before anything starts.
 package process
 
 import (

@@ -3,6 +3,9 @@
 // napd-engine-<model>.service; a model with a unit controls that
 // operator-owned unit. Job results are read from JobRemoved signals and unit
 // state changes arrive as PropertiesChanged signals, never by polling.
+//
+// It must not touch units other than napd-engine-* and the operator units
+// models name, and never polls systemd for state.
 package systemd
 
 import (

@@ -2,6 +2,9 @@
 // napd, napctl and napd-demo-engine once per test binary, writes a config,
 // starts napd as a process, waits until it serves, and stops it at the end
 // of the test.
+//
+// It is for tests only. Ports come from FreePort; a test must not pick its
+// own.
 package harness
 
 import (

@@ -4,6 +4,8 @@
 // set. It serves /health after a delay, exits with a status, ignores SIGTERM
 // or leaves a grandchild behind, so the supervisor is tested against real
 // processes without a separate build.
+//
+// It is for tests only: production code must not import it.
 package fakeengine
 
 import (
