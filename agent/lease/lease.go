@@ -157,13 +157,6 @@ type Evidence struct {
 // Idle reports whether no lease is live.
 func (e Evidence) Idle() bool { return e.Active == 0 }
 
-// IdleFor is how long the model has been idle at now; 0 while active.
-func (e Evidence) IdleFor(now time.Time) time.Duration {
-	if e.Active > 0 || now.Before(e.Since) {
-		return 0
-	}
-	return now.Sub(e.Since)
-}
 
 // Stats sizes what a Tracker holds, for metrics and bound checks.
 type Stats struct {

@@ -90,7 +90,7 @@ func TestTracker_EvidenceIdleSinceLastEnd(t *testing.T) {
 	}
 	a := begin(t, tr, c.advance(time.Minute), Request{Model: "m", Kind: request.Chat})
 	b := begin(t, tr, c.advance(time.Second), Request{Model: "m", Kind: request.Embedding})
-	if e := evidence(t, tr, "m"); e.Active != 2 || e.Idle() || e.IdleFor(c.now) != 0 {
+	if e := evidence(t, tr, "m"); e.Active != 2 || e.Idle() {
 		t.Fatalf("two live: %+v", e)
 	}
 	if got := end(t, tr, c.advance(time.Second), a.ID, Outcome{}); got.Idle {
@@ -104,9 +104,6 @@ func TestTracker_EvidenceIdleSinceLastEnd(t *testing.T) {
 	e := evidence(t, tr, "m")
 	if !e.Idle() || !e.Since.Equal(endAt) {
 		t.Fatalf("after last end: %+v, want idle since %v (the end, not the start)", e, endAt)
-	}
-	if d := e.IdleFor(c.advance(time.Minute)); d != time.Minute {
-		t.Fatalf("IdleFor = %v, want 1m", d)
 	}
 	if _, ok := tr.End(c.now, b.ID, Outcome{}); ok {
 		t.Fatal("second End of the same lease succeeded")
