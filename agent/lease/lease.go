@@ -157,7 +157,6 @@ type Evidence struct {
 // Idle reports whether no lease is live.
 func (e Evidence) Idle() bool { return e.Active == 0 }
 
-
 // Stats sizes what a Tracker holds, for metrics and bound checks.
 type Stats struct {
 	Live        int   // live leases, all models
