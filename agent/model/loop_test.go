@@ -731,9 +731,10 @@ func TestRoomWaitEndsIn504NamingTheHolders(t *testing.T) {
 	r.noCall()
 }
 
-// probe ticks the loop until it sends a health probe (the result of the
-// previous one may still be on its way to the loop), and answers it.
-func (r *rig) probe(res ProbeResult) {
+// nextProbe ticks the loop until it sends a health probe (the result of
+// the previous one may still be on its way to the loop), and returns
+// where to answer it. A probe sent proves the previous result handled.
+func (r *rig) nextProbe() chan<- ProbeResult {
 	r.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -741,14 +742,19 @@ func (r *rig) probe(res ProbeResult) {
 		r.sync()
 		select {
 		case reply := <-r.probes:
-			reply <- res
-			return
+			return reply
 		default:
 		}
 		if time.Now().After(deadline) {
 			r.t.Fatal("no health probe")
 		}
 	}
+}
+
+// probe answers the next health probe with res.
+func (r *rig) probe(res ProbeResult) {
+	r.t.Helper()
+	r.nextProbe() <- res
 }
 
 // sent is a reading of progress: the engine sent n bytes on one connection.
@@ -810,4 +816,25 @@ func TestHealthWatch(t *testing.T) {
 	}
 	tk.Done(gateway.Outcome{})
 	r.expect(lifecycle.Awake)
+}
+
+// Where progress cannot be seen (no counters, no netlink), failed probes
+// do not count while requests are in flight: they may be a long
+// generation. Once they ended, the engine can be found hung.
+func TestHealthWatch_UnknownProgressWaitsForRequests(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.HealthInterval, c.HealthFailures = 10*time.Second, 1 })
+	r.expect(lifecycle.Awake)
+	r.m.Tick() // starts watching
+	tk := r.granted(r.admit(context.Background()))
+	hung := errors.New("GET /health: context deadline exceeded")
+	for range 3 {
+		r.clock.Advance(10 * time.Second)
+		r.probe(ProbeResult{Err: hung})
+	}
+	r.clock.Advance(10 * time.Second)
+	reply := r.nextProbe() // the three failures left it awake
+	r.expect(lifecycle.Awake)
+	tk.Done(gateway.Outcome{})
+	reply <- ProbeResult{Err: hung} // nothing in flight now: it counts
+	r.until("unverified", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Unverified })
 }

@@ -19,12 +19,15 @@ type Progress struct {
 	Sent         map[sockets.Conn]uint64 // nil when the kernel does not say
 }
 
-// MovedSince reports whether the engine worked between prev and p.
-func (p Progress) MovedSince(prev Progress) bool {
-	if p.HaveCounters && prev.HaveCounters && p.Counters != prev.Counters {
-		return true
+// MovedSince reports whether the engine worked between prev and p, and
+// whether the readings can tell at all: neither counters on both sides
+// nor the kernel's byte counts (no netlink) means they cannot.
+func (p Progress) MovedSince(prev Progress) (moved, known bool) {
+	counters := p.HaveCounters && prev.HaveCounters
+	if counters && p.Counters != prev.Counters {
+		return true, true
 	}
-	return sockets.Moved(prev.Sent, p.Sent)
+	return sockets.Moved(prev.Sent, p.Sent), counters || p.Sent != nil
 }
 
 // ProbeResult is one health probe of an awake engine, with a reading of
@@ -85,7 +88,12 @@ func (m *Model) probed(eng *instance, sent time.Time, r ProbeResult) {
 	if eng != m.eng || eng != m.watched || !m.machine.Snapshot().State.Serving() {
 		return
 	}
-	moved := r.Progress.MovedSince(m.progress)
+	moved, known := r.Progress.MovedSince(m.progress)
+	if !known && m.evidence().Active > 0 {
+		// Requests in flight on an engine whose progress cannot be seen
+		// may be a long generation: failures count once they ended.
+		moved = true
+	}
 	m.progress = r.Progress
 	failed, hung := m.watch.Probed(sent, r.Err == nil, moved)
 	switch {
