@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -196,7 +197,9 @@ func (n *Napd) start(env []string) {
 	n.WaitReady(15 * time.Second)
 }
 
-// WaitReady waits until the gateway answers /health.
+// WaitReady waits until the gateway answers /health and the control
+// socket accepts connections: napd serves /health before it has bound the
+// socket, so a napctl right after Start could otherwise find none.
 func (n *Napd) WaitReady(within time.Duration) {
 	n.t.Helper()
 	deadline := time.Now().Add(within)
@@ -209,13 +212,23 @@ func (n *Napd) WaitReady(within time.Duration) {
 		resp, err := http.Get("http://" + n.Addr + "/health")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusOK && n.controlUp() {
 				return
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	n.t.Fatalf("napd not ready within %s\n%s", within, n.Log())
+	n.t.Fatalf("napd not ready (gateway /health and control socket) within %s\n%s", within, n.Log())
+}
+
+// controlUp reports whether napd's control socket accepts a connection.
+func (n *Napd) controlUp() bool {
+	c, err := net.DialTimeout("unix", n.Socket, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // Signal sends sig to napd.
