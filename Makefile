@@ -8,14 +8,14 @@ LDFLAGS := -X main.version=$(VERSION)
 # the systemd test box, which a plain `gofmt -l .` would walk into).
 GOFILES = $(shell $(GO) list -e -f '{{$$d := .Dir}}{{range .GoFiles}}{{$$d}}/{{.}} {{end}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .IgnoredGoFiles}}{{$$d}}/{{.}} {{end}}' ./...)
 
-.PHONY: help build test test-deps lint run bench clean deb
+.PHONY: help build test test-deps lint run bench bench-deps clean deb
 
 help:
 	@echo "make build   build napd, napctl and napd-demo-engine into bin/"
 	@echo "make test    install missing test packages, run every test with -race"
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make run     run napd on etc/napd/demo.toml (demo engines, no GPU)"
-	@echo "make bench   proxy cost, streams and wake figures -> docs/bench.md (~1 min)"
+	@echo "make bench   wrk vs nginx vs direct, proxy cost, streams, wake, scale -> docs/bench.md (~4 min)"
 	@echo "make clean   remove bin/"
 	@echo "make deb     build the Debian package dist/napd_<version>_<arch>.deb"
 
@@ -43,6 +43,10 @@ clean:
 deb:
 	GO=$(GO) packaging/build-deb.sh dist
 
-# Proxy cost, streams and wake figures, written to docs/bench.md.
-bench: build
+bench-deps:
+	scripts/bench-deps.sh
+
+# Proxy cost (wrk beside nginx and direct, and the bench's own client),
+# streams, wake and scale figures, written to docs/bench.md.
+bench: build bench-deps
 	$(GO) run ./bench -bin bin -out docs/bench.md

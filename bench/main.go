@@ -45,6 +45,7 @@ func main() {
 	flag.IntVar(&o.swapClients, "swap-clients", 8, "concurrent clients of the swap workload")
 	flag.IntVar(&o.swapRequests, "swap-requests", 25, "requests per client of the swap workload")
 	flag.BoolVar(&o.swapsOnly, "swaps-only", false, "run only the swap workload and print its figures")
+	flag.BoolVar(&o.wrkOnly, "wrk-only", false, "run only the wrk comparison and print its figures")
 	flag.Parse()
 	if *engine {
 		if err := runEngine(ef); err != nil {
@@ -70,6 +71,7 @@ type options struct {
 	swapClients   int
 	swapRequests  int
 	swapsOnly     bool
+	wrkOnly       bool
 }
 
 func run(o options) error {
@@ -87,10 +89,17 @@ func run(o options) error {
 	}
 	// Thousands of streams need thousands of descriptors here, in napd
 	// (which inherits this limit) and in the engine.
+	// 10,000 streams take 20,000 in napd: as root, the hard limit is
+	// raised too.
 	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < lim.Max {
-		lim.Cur = lim.Max
-		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil {
+		want := lim
+		want.Max = max(lim.Max, 65536)
+		want.Cur = want.Max
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want) != nil && lim.Cur < lim.Max {
+			lim.Cur = lim.Max
+			_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+		}
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -114,6 +123,23 @@ func run(o options) error {
 		return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
 	}
 
+	done := step("wrk: direct, nginx, napd")
+	if r.wrk, err = wrkSection(ctx, n, direct, viaNapd); err != nil {
+		return err
+	}
+	done()
+	done = step("allocations per request (go test -bench)")
+	if r.allocs, err = gatewayAllocs(ctx); err != nil {
+		return err
+	}
+	done()
+	if o.wrkOnly {
+		var b strings.Builder
+		r.wrkMarkdown(&b)
+		fmt.Print(b.String())
+		return nil
+	}
+
 	for _, e := range []struct{ model, engine, direct string }{
 		{"proxy", "minimal engine (bench -engine)", direct},
 		{"demo", "napd-demo-engine --ttft 0 --tokens-per-second 0", fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.demoPort)},
@@ -126,7 +152,7 @@ func run(o options) error {
 		r.proxy = append(r.proxy, f)
 	}
 
-	done := step("per-chunk delay")
+	done = step("per-chunk delay")
 	const streams, chunks, interval = 20, 50, 2 * time.Millisecond
 	dd, err := chunkDelays(ctx, direct, streams, chunks, interval)
 	if err != nil {
@@ -152,6 +178,26 @@ func run(o options) error {
 		return fmt.Errorf("open streams: %w", err)
 	}
 	_, r.rssPeak, _ = n.memory()
+	done()
+
+	done = step(fmt.Sprintf("%d open streams", manyStreamsWant))
+	r.scale.manyOpen, err = openStreams(ctx, viaNapd, manyStreamsWant, time.Second, func() {
+		for range 5 {
+			rss, _, _ := n.memory()
+			r.scale.manyRSS = max(r.scale.manyRSS, rss)
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("open streams: %w", err)
+	}
+	_, r.scale.manyPeak, _ = n.memory()
+	done()
+
+	done = step(fmt.Sprintf("%d models asleep", scaleModels))
+	if err := measureScale(ctx, o.bin, self, &r.scale); err != nil {
+		return fmt.Errorf("scale: %w", err)
+	}
 	done()
 
 	done = step("wakes")

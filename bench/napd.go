@@ -70,7 +70,7 @@ wake_timeout = "30s"
 command = [%q, "-engine", "-port", "${PORT}"]
 port = %d
 sleep = "stop"
-max_concurrency = 4096
+max_concurrency = 16384
 queue = 4096
 
 [models.demo]
@@ -106,6 +106,7 @@ log_level = "info"
 [gateway]
 listen = [%q]
 request_timeout = %q
+max_connections = 16384
 `, filepath.Join(n.dir, "state"), n.socket, n.addr, requestTimeout)
 }
 
@@ -191,10 +192,13 @@ func (n *napd) memory() (rss, hwm int64, err error) {
 	return rss, hwm, nil
 }
 
-// cpu is the CPU time napd has used so far (user and system), from
-// /proc/PID/stat in clock ticks of 10 ms (USER_HZ is 100 on Linux).
-func (n *napd) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+// cpu is the CPU time napd has used so far.
+func (n *napd) cpu() time.Duration { return procCPU(n.cmd.Process.Pid) }
+
+// procCPU is the CPU time process pid has used so far (user and system),
+// from /proc/PID/stat in clock ticks of 10 ms (USER_HZ is 100 on Linux).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
@@ -207,6 +211,18 @@ func (n *napd) cpu() time.Duration {
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// treeCPU is procCPU of pid and its children (nginx's workers).
+func treeCPU(pid int) time.Duration {
+	t := procCPU(pid)
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	for _, c := range strings.Fields(string(b)) {
+		if k, err := strconv.Atoi(c); err == nil {
+			t += procCPU(k)
+		}
+	}
+	return t
 }
 
 // freePorts reserves k distinct free loopback ports.

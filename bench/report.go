@@ -18,6 +18,10 @@ const (
 	targetRSS         = 200 << 20
 	targetWake        = 50 * time.Millisecond
 	targetSwapShare   = 50 * time.Millisecond
+	// issue 17, measured with wrk against direct and nginx
+	targetWrkAdded  = 100 * time.Microsecond
+	targetWrkDirect = 0.45
+	targetWrkNginx  = 0.7
 )
 
 // machine is what the figures were taken on.
@@ -70,6 +74,9 @@ type report struct {
 	swaps                        []swapFigures
 	swapClients, swapEach        int
 	swapLoad                     string // load average when the swaps ran
+	wrk                          wrkFigures
+	allocs                       []goBench // BenchmarkProxy: direct, gateway
+	scale                        scaleFigures
 }
 
 func met(ok bool) string {
@@ -100,7 +107,8 @@ Machine: %s, %d cores, Linux %s, %s, load average %s at the start,
 
 `, m.cpu, m.cores, m.kernel, m.goVersion, m.load, m.date.Format("2006-01-02 15:04 UTC"))
 
-	fmt.Fprintf(&b, `## Proxy cost: a small non-streamed chat completion
+	r.wrkMarkdown(&b)
+	fmt.Fprintf(&b, `## Proxy cost with the bench's own Go client
 
 | engine | | direct to the engine | through napd | added by napd | target | |
 |---|---|---|---|---|---|---|
@@ -172,6 +180,7 @@ writes that moment down, and the reply's arrival at the client is compared
 with it. The model is put to sleep again between rows.
 
 `)
+	r.scaleMarkdown(&b)
 	r.recordingMarkdown(&b)
 	r.swapMarkdown(&b)
 	return strings.TrimRight(b.String(), "\n") + "\n"

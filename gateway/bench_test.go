@@ -17,7 +17,7 @@ func benchTransport() *http.Transport {
 
 // benchSetup serves engine and a gateway in front of it, whose Done calls
 // are drained, and returns both URLs.
-func benchSetup(b *testing.B, engine http.HandlerFunc) (direct, gateway string) {
+func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) {
 	eng := httptest.NewServer(engine)
 	b.Cleanup(eng.Close)
 	models := newFakeModels(b, eng.URL)

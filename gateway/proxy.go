@@ -47,8 +47,12 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 			// localhost) are no engine's business.
 			pr.Out.Header.Del("Cookie")
 		},
-		Transport:     ticketTransport{},
-		FlushInterval: -1, // flush after every write: SSE chunks leave at once
+		Transport: ticketTransport{},
+		// 0, not -1: ReverseProxy flushes every write of a stream (SSE, or
+		// no Content-Length) anyway, and a FlushInterval of -1 would cost
+		// each answer of known length a timer goroutine that flushes its
+		// headers in a write of their own (measured: docs/bench.md).
+		FlushInterval: 0,
 		BufferPool:    bufferPool{},
 		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		ModifyResponse: func(resp *http.Response) error {
@@ -178,6 +182,9 @@ type watchedBody struct {
 	io.ReadCloser
 	c   *call
 	end *ending
+	// failed is a read error held back until the bytes read with it are
+	// written to the client.
+	failed error
 }
 
 // errCut ends the copy of an answer the engine stopped before its end, so
@@ -185,6 +192,10 @@ type watchedBody struct {
 var errCut = errors.New("the engine closed the connection before its answer was complete")
 
 func (b *watchedBody) Read(p []byte) (int, error) {
+	if err := b.failed; err != nil {
+		b.cutShort()
+		return 0, err
+	}
 	n, err := b.ReadCloser.Read(p)
 	if b.end != nil {
 		b.end.add(p[:n])
@@ -196,8 +207,21 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	if err != nil && err != io.EOF && b.c.bodyErr == nil {
 		b.c.bodyErr = err
 	}
+	if err != nil && err != io.EOF {
+		if n > 0 { // the proxy writes these first, then sees the error
+			b.failed = err
+			return n, nil
+		}
+		b.cutShort()
+	}
 	return n, err
 }
+
+// cutShort sends the client what it has of an answer that failed: the
+// proxy buffers an answer of known length (no flush per write), and its
+// abort would otherwise close the connection with the buffer unsent, the
+// status included, so the client could not tell a cut answer from none.
+func (b *watchedBody) cutShort() { _ = b.c.w.rc.Flush() }
 
 // ending checks that an answer delimited by the connection's close got to
 // its end: an event stream's last event is OpenAI's "data: [DONE]" or

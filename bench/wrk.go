@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The wrk comparison: what users measure a proxy with. Three paths to the
+// same engine, each measured by wrk in interleaved rounds: straight to the
+// engine, through nginx (a keep-alive upstream: the reference for "a good
+// proxy"), and through napd.
+
+const (
+	wrkRounds     = 3
+	wrkDuration   = 3 * time.Second
+	wrkConcurrent = 32
+)
+
+// wrkPath is one of the compared paths.
+type wrkPath struct {
+	name string
+	url  string
+	// cpu, when set, is the CPU time the proxy of this path used so far.
+	cpu func() time.Duration
+}
+
+// wrkResult is one wrk run's figures.
+type wrkResult struct {
+	rps      float64
+	median   time.Duration
+	requests int64
+	cpuPer   time.Duration // the proxy's CPU per request (0 = not measured)
+}
+
+// wrkFigures are the median round of each path at 1 and 32 connections.
+type wrkFigures struct {
+	paths   []string
+	one     map[string]wrkResult // at 1 connection
+	many    map[string]wrkResult // at wrkConcurrent connections
+	nginx   string               // why nginx is missing ("" = measured)
+	load    string               // load average when the comparison started
+	skipped string               // why the whole comparison is missing
+}
+
+// wrkCompare runs the comparison on paths (direct first).
+func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath) (wrkFigures, error) {
+	f := wrkFigures{one: map[string]wrkResult{}, many: map[string]wrkResult{}, load: describeMachine().load}
+	rounds := map[string][]wrkResult{}
+	for _, p := range paths {
+		f.paths = append(f.paths, p.name)
+		// Warm-up: connections, caches, and the model's first answer.
+		if _, err := runWrk(ctx, p.url, bodyFile, wrkConcurrent, time.Second); err != nil {
+			return f, fmt.Errorf("wrk warm-up %s: %w", p.name, err)
+		}
+	}
+	for range wrkRounds {
+		for _, conns := range []int{1, wrkConcurrent} {
+			for _, p := range paths {
+				var cpu0 time.Duration
+				if p.cpu != nil {
+					cpu0 = p.cpu()
+				}
+				r, err := runWrk(ctx, p.url, bodyFile, conns, wrkDuration)
+				if err != nil {
+					return f, fmt.Errorf("wrk %s -c%d: %w", p.name, conns, err)
+				}
+				if p.cpu != nil && r.requests > 0 {
+					r.cpuPer = (p.cpu() - cpu0) / time.Duration(r.requests)
+				}
+				key := fmt.Sprintf("%s/%d", p.name, conns)
+				rounds[key] = append(rounds[key], r)
+			}
+		}
+	}
+	for _, p := range paths {
+		f.one[p.name] = medianRound(rounds[p.name+"/1"])
+		f.many[p.name] = medianRound(rounds[fmt.Sprintf("%s/%d", p.name, wrkConcurrent)])
+	}
+	return f, nil
+}
+
+// medianRound is the round with the median throughput, its median latency
+// replaced by the median of the rounds' medians.
+func medianRound(rs []wrkResult) wrkResult {
+	byRPS := slices.Clone(rs)
+	slices.SortFunc(byRPS, func(a, b wrkResult) int { return int(a.rps - b.rps) })
+	m := byRPS[len(byRPS)/2]
+	meds := make([]time.Duration, len(rs))
+	for i, r := range rs {
+		meds[i] = r.median
+	}
+	slices.Sort(meds)
+	m.median = meds[len(meds)/2]
+	return m
+}
+
+// wrkScript makes wrk post the body in bodyFile as JSON.
+const wrkScript = `local f = io.open(os.getenv("BENCH_BODY"), "r")
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+`
+
+// runWrk runs wrk on url with conns connections for dur.
+func runWrk(ctx context.Context, url, bodyFile string, conns int, dur time.Duration) (wrkResult, error) {
+	script := filepath.Join(filepath.Dir(bodyFile), "post.lua")
+	if err := os.WriteFile(script, []byte(wrkScript), 0o644); err != nil {
+		return wrkResult{}, err
+	}
+	threads := min(conns, 2)
+	cmd := exec.CommandContext(ctx, "wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns),
+		"-d", fmt.Sprintf("%.0fs", dur.Seconds()), "--latency", "-s", script, url)
+	cmd.Env = append(os.Environ(), "BENCH_BODY="+bodyFile)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return wrkResult{}, fmt.Errorf("%w: %s", err, out)
+	}
+	return parseWrk(string(out))
+}
+
+// parseWrk reads the figures of wrk --latency's report.
+func parseWrk(out string) (wrkResult, error) {
+	var r wrkResult
+	var haveMedian bool
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) == 2 && f[0] == "50%":
+			d, err := parseWrkDuration(f[1])
+			if err != nil {
+				return r, err
+			}
+			r.median, haveMedian = d, true
+		case len(f) == 2 && f[0] == "Requests/sec:":
+			r.rps, _ = strconv.ParseFloat(f[1], 64)
+		case len(f) >= 3 && f[1] == "requests" && f[2] == "in":
+			r.requests, _ = strconv.ParseInt(f[0], 10, 64)
+		case len(f) >= 2 && f[0] == "Non-2xx":
+			return r, fmt.Errorf("wrk saw failed requests:\n%s", out)
+		}
+	}
+	if !haveMedian || r.rps == 0 {
+		return r, fmt.Errorf("no figures in wrk's report:\n%s", out)
+	}
+	return r, nil
+}
+
+// parseWrkDuration reads wrk's "77.00us", "1.20ms" or "2.00s".
+func parseWrkDuration(s string) (time.Duration, error) {
+	for _, u := range []struct {
+		suffix string
+		unit   time.Duration
+	}{{"us", time.Microsecond}, {"ms", time.Millisecond}, {"s", time.Second}} {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("wrk latency %q: %w", s, err)
+			}
+			return time.Duration(x * float64(u.unit)), nil
+		}
+	}
+	return 0, fmt.Errorf("wrk latency %q: unknown unit", s)
+}
+
+// nginx is the reference proxy, run from its Debian binary on a config of
+// its own in dir.
+type nginx struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+// startNginx proxies a free port to the engine on enginePort with a
+// keep-alive upstream, as a tuned nginx in front of an engine would.
+func startNginx(dir string, enginePort int) (*nginx, error) {
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	conf := filepath.Join(dir, "nginx.conf")
+	cfg := fmt.Sprintf(`worker_processes auto;
+daemon off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/nginx-error.log warn;
+events { worker_connections 16384; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/nginx-body;
+	proxy_temp_path %[1]s/nginx-proxy;
+	upstream engine {
+		server 127.0.0.1:%[2]d;
+		keepalive 256;
+	}
+	server {
+		listen %[3]s;
+		location / {
+			proxy_pass http://engine;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+		}
+	}
+}
+`, dir, enginePort, addr)
+	if err := os.WriteFile(conf, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	n := &nginx{addr: addr, cmd: exec.Command(bin, "-p", dir, "-c", conf)}
+	var log strings.Builder
+	n.cmd.Stdout, n.cmd.Stderr = &log, &log
+	if err := n.cmd.Start(); err != nil {
+		return nil, err
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
+			resp.Body.Close()
+			return n, nil
+		}
+	}
+	n.stop()
+	return nil, fmt.Errorf("nginx did not answer on %s: %s", addr, log.String())
+}
+
+func (n *nginx) stop() {
+	_ = n.cmd.Process.Signal(os.Interrupt) // SIGINT: nginx's fast shutdown
+	_ = n.cmd.Wait()
+}
+
+// wrkMarkdown renders the comparison.
+func (r *report) wrkMarkdown(b *strings.Builder) {
+	f := r.wrk
+	fmt.Fprintf(b, "## Proxy cost measured with wrk: direct, nginx, napd\n\n")
+	if f.skipped != "" {
+		fmt.Fprintf(b, "Not measured: %s. `scripts/bench-deps.sh` installs wrk and nginx-light.\n\n", f.skipped)
+		return
+	}
+	fmt.Fprintf(b, `| path | req/s at %d connections | × direct | median at 1 connection | added median | proxy CPU per request (at %d) |
+|---|---|---|---|---|---|
+`, wrkConcurrent, wrkConcurrent)
+	direct := f.one["direct"].median
+	directRPS := f.many["direct"].rps
+	for _, p := range f.paths {
+		one, many := f.one[p], f.many[p]
+		added, cpu := "—", ""
+		if p != "direct" {
+			added = "+" + us(one.median-direct)
+		}
+		if many.cpuPer > 0 {
+			cpu = us(many.cpuPer)
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %.2f | %s | %s | %s |\n", p, many.rps, many.rps/directRPS, us(one.median), added, cpu)
+	}
+	napdOne, napdMany := f.one["napd"], f.many["napd"]
+	addedNapd := napdOne.median - direct
+	fmt.Fprintf(b, "\n| goal | figure | |\n|---|---|---|\n")
+	fmt.Fprintf(b, "| added median at 1 connection ≤ 100 µs | %s | %s |\n", us(addedNapd), met(addedNapd <= targetWrkAdded))
+	fmt.Fprintf(b, "| throughput at %d connections ≥ 0.45 × direct | %.2f × direct | %s |\n", wrkConcurrent,
+		napdMany.rps/directRPS, met(napdMany.rps >= targetWrkDirect*directRPS))
+	if ng, ok := f.many["nginx"]; ok {
+		fmt.Fprintf(b, "| throughput at %d connections ≥ 0.7 × nginx | %.2f × nginx | %s |\n", wrkConcurrent,
+			napdMany.rps/ng.rps, met(napdMany.rps >= targetWrkNginx*ng.rps))
+	} else {
+		fmt.Fprintf(b, "| throughput ≥ 0.7 × nginx | not measured: %s | |\n", f.nginx)
+	}
+	fmt.Fprintf(b, `
+wrk %d times %s per path and connection count, the paths interleaved (direct,
+nginx, napd, direct, …) so a burst from elsewhere on the machine hits all of
+them alike; each figure is the median round. wrk posts the small chat body
+of the table below ("max_tokens":4) to the minimal engine, with 1 thread at
+1 connection and 2 threads at %d. nginx (Debian's nginx-light, worker_processes
+auto) proxies to the same engine through an upstream with keepalive 256 and
+HTTP/1.1, as a tuned nginx would. Proxy CPU per request: the proxy's user and
+system time from /proc/PID/stat over the run, divided by the requests wrk
+completed (10 ms ticks: over a %s run of thousands of requests, well
+resolved). Load average when this section started: %s.
+
+`, wrkRounds, wrkDuration, wrkConcurrent, wrkDuration, f.load)
+	r.allocsMarkdown(b)
+}
+
+// wrkSection runs the comparison against the "proxy" model's engine:
+// direct, through nginx when it is installed, and through napd.
+func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigures, error) {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		return wrkFigures{skipped: "wrk is not installed"}, nil
+	}
+	if err := post(ctx, client(), viaNapd, small("proxy")); err != nil { // wakes the engine
+		return wrkFigures{}, fmt.Errorf("wake proxy: %w", err)
+	}
+	body := filepath.Join(n.dir, "body.json")
+	if err := os.WriteFile(body, []byte(small("proxy")), 0o644); err != nil {
+		return wrkFigures{}, err
+	}
+	paths := []wrkPath{{name: "direct", url: direct}}
+	why := ""
+	if ng, err := startNginx(n.dir, n.enginePort); err != nil {
+		why = err.Error()
+	} else {
+		defer ng.stop()
+		pid := ng.cmd.Process.Pid
+		paths = append(paths, wrkPath{name: "nginx", url: "http://" + ng.addr + "/v1/chat/completions",
+			cpu: func() time.Duration { return treeCPU(pid) }})
+	}
+	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: n.cpu})
+	f, err := wrkCompare(ctx, body, paths)
+	f.nginx = why
+	return f, err
+}
