@@ -28,7 +28,7 @@ func TestDocs_EveryKeyDocumented(t *testing.T) {
 	tables := map[string][]string{
 		"agent":    keysOf(agentSchema(&Agent{})),
 		"gateway":  keysOf(gatewaySchema(&Gateway{})),
-		"policy":   keysOf(policySchema(&Policy{})),
+		"policy":   keysOf(policyTableSchema(&Policy{})),
 		"pressure": keysOf(pressureSchema(&Pressure{})),
 		"models":   keysOf(modelSchema(&m, &pol)),
 	}

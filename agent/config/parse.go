@@ -239,7 +239,7 @@ func (d *decoder) decode(data []byte) *Config {
 	sections := map[string]func(*table){
 		"agent":    func(t *table) { d.fields(t, agentSchema(&cfg.Agent)) },
 		"gateway":  func(t *table) { d.fields(t, gatewaySchema(&cfg.Gateway)) },
-		"policy":   func(t *table) { d.fields(t, policySchema(&cfg.Policy)) },
+		"policy":   func(t *table) { d.fields(t, policyTableSchema(&cfg.Policy)) },
 		"pressure": func(t *table) { d.fields(t, pressureSchema(&cfg.Pressure)) },
 		"models":   nil, // after [policy]: models inherit from it
 	}
@@ -392,6 +392,14 @@ func policySchema(p *Policy) map[string]setter {
 	}
 }
 
+// policyTableSchema is [policy]'s keys: the ones models inherit, and the
+// ones only the host has.
+func policyTableSchema(p *Policy) map[string]setter {
+	schema := policySchema(p)
+	schema["max_awake"] = setInt(&p.MaxAwake, 0, 1<<20)
+	return schema
+}
+
 func pressureSchema(p *Pressure) map[string]setter {
 	return map[string]setter{
 		"gpu_reserve":    setSize(&p.GPUReserve, true),
@@ -427,6 +435,8 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"evidence":          setEnum(&m.Evidence, EvidenceAuto, EvidenceConnections, EvidenceMetrics, EvidenceLeases),
 		"activity_metrics":  setStrings(&m.ActivityMetrics, metricName),
 		"wake_progress":     setBool(&m.WakeProgress),
+		"warm_on_start":     setBool(&m.WarmOnStart),
+		"keep_awake":        setWindows(&m.KeepAwake),
 	})
 	return schema
 }

@@ -117,6 +117,10 @@ type Policy struct {
 	// FairShare is FairShareAuto, FairShareOn or FairShareOff: whether a
 	// model's queue admits round-robin by client (API key name).
 	FairShare string
+	// MaxAwake is how many models may be awake at once (0 = unlimited):
+	// the least recently used idle one makes room for a new wake. Only in
+	// [policy].
+	MaxAwake int
 }
 
 // Values of policy.fair_share.
@@ -181,4 +185,10 @@ type Model struct {
 	// WakeProgress: a streaming request that waits for this model's wake
 	// gets its 200 headers early and SSE comments until the first token.
 	WakeProgress bool
+
+	// WarmOnStart: woken at napd's start, after reconciliation, when it
+	// fits. KeepAwake: windows in which it is not put to sleep for
+	// idleness, and is woken at their start when it fits.
+	WarmOnStart bool
+	KeepAwake   []Window
 }

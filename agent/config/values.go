@@ -385,6 +385,27 @@ func setGPUs(dst *[]int, count *int) setter {
 	}
 }
 
+// setWindows decodes keep_awake: an array of windows (see ParseWindow).
+func setWindows(dst *[]Window) setter {
+	var texts []string
+	decode := setStrings(&texts, nil)
+	return func(raw any) error {
+		if err := decode(raw); err != nil {
+			return err
+		}
+		out := make([]Window, 0, len(texts))
+		for _, s := range texts {
+			w, err := ParseWindow(s)
+			if err != nil {
+				return err
+			}
+			out = append(out, w)
+		}
+		*dst = out
+		return nil
+	}
+}
+
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func setEnvironment(dst *map[string]string) setter {
