@@ -186,10 +186,11 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	a.helpers.Add(4)
+	a.helpers.Add(5)
 	go a.pumpEngineEvents()
 	go a.ticker(runCtx)
 	go a.roomLoop(runCtx)
+	go a.warmLoop(runCtx)
 	go a.statusLoop(runCtx)
 	go a.notify.watchdog(runCtx, a.healthy)
 

@@ -188,6 +188,7 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 			GPUBytes:       mm.gpuBytes,
 			YieldAfter:     s.Config.YieldAfter,
 			Learned:        s.Learned,
+			KeepAwake:      inWindow(s.Config, ms.at),
 		}
 		if s.Lifecycle.State == lifecycle.Unsupported {
 			pm.State = lifecycle.Awake // serving; the machine re-checks the proof

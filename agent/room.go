@@ -89,6 +89,9 @@ func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why stri
 	if m == nil {
 		return nil, nil
 	}
+	if err := a.maxAwake(ctx, name, waiting); err != nil {
+		return nil, err
+	}
 	var gpus []int
 	if cfg := m.Snapshot().Config; cfg.GPUCount > 0 {
 		var err error
@@ -308,7 +311,7 @@ func sleepReason(r planner.Reason) lifecycle.SleepReason {
 	switch r {
 	case planner.ReasonIdle:
 		return lifecycle.IdleTimeout
-	case planner.ReasonMakeRoom, planner.ReasonYield:
+	case planner.ReasonMakeRoom, planner.ReasonYield, planner.ReasonMaxAwake:
 		return lifecycle.Demand
 	}
 	return lifecycle.MemoryPressure

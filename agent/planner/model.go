@@ -88,6 +88,9 @@ type Model struct {
 	YieldAfter time.Duration
 	// Learned is what napd measured of the model's recent work.
 	Learned Learned
+	// KeepAwake: one of its keep_awake windows holds now, so it is not
+	// put to sleep for idleness.
+	KeepAwake bool
 }
 
 // Learned is the typical duration of a model's recent wakes and requests

@@ -166,7 +166,7 @@ func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 func (p *planner) idle() {
 	now := p.in.Now
 	for _, m := range p.byLRU {
-		if m.IdleTimeout <= 0 || m.idleFor(now) < m.IdleTimeout || m.Leases.IdleSince.IsZero() {
+		if m.KeepAwake || m.IdleTimeout <= 0 || m.idleFor(now) < m.IdleTimeout || m.Leases.IdleSince.IsZero() {
 			continue
 		}
 		switch {

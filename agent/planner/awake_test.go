@@ -1,0 +1,59 @@
+package planner
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/agent/lifecycle"
+)
+
+func keepAwake(m *Model) { m.KeepAwake = true }
+
+// A model inside a keep_awake window is not put to sleep for idleness;
+// GPU pressure may still take it.
+func TestPlan_KeepAwakeWindow(t *testing.T) {
+	in := roomy(model("w", idleFor(time.Hour), keepAwake), model("plain", idleFor(time.Hour)))
+	res := Plan(in)
+	if len(res.Decisions) != 1 || res.Decisions[0].Model != "plain" {
+		t.Errorf("decisions %+v: want only plain's idle sleep", res.Decisions)
+	}
+	in = gpuFree(roomy(model("w", idleFor(time.Hour), keepAwake, footprint(10*GiB))), 0, 0)
+	if res := Plan(in); len(res.Decisions) != 1 || res.Decisions[0].Reason != ReasonGPUPressure {
+		t.Errorf("decisions %+v: want w slept for GPU pressure", res.Decisions)
+	}
+}
+
+func TestPlanMaxAwake(t *testing.T) {
+	names := func(ds []Decision) string {
+		var s []string
+		for _, d := range ds {
+			s = append(s, d.Model+"/"+string(d.Reason))
+		}
+		return strings.Join(s, ",")
+	}
+	just := idleFor(time.Second) // within the idle minimum: demand overrides it
+	tests := []struct {
+		name  string
+		in    Input
+		max   int
+		sleep string
+		wait  bool
+	}{
+		{"unlimited", roomy(model("a"), model("b")), 0, "", false},
+		{"within", roomy(model("a"), model("new", state(lifecycle.Waking))), 2, "", false},
+		{"LRU idle makes room", roomy(model("old", idleFor(time.Hour)), model("recent", just), model("new", state(lifecycle.Waking))), 2, "old/max-awake", false},
+		{"two over", roomy(model("a", idleFor(3*time.Hour)), model("b", idleFor(2*time.Hour)), model("c", just), model("new", state(lifecycle.Waking))), 1, "a/max-awake,b/max-awake,c/max-awake", false},
+		{"busy and pinned wait", roomy(model("busy", leases(1)), model("pin", pinned), model("new", state(lifecycle.Waking))), 2, "", true},
+		{"sleeping and draining do not count", roomy(model("s", state(lifecycle.Sleeping)), model("d", state(lifecycle.Draining)), model("new", state(lifecycle.Waking))), 1, "", false},
+		{"another waking counts", roomy(model("w", state(lifecycle.Waking)), model("new", state(lifecycle.Waking))), 1, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := PlanMaxAwake(tt.in, "new", tt.max)
+			if names(got.Sleeps) != tt.sleep || got.Wait != tt.wait {
+				t.Errorf("sleeps %q wait %v (%s), want %q wait %v", names(got.Sleeps), got.Wait, got.Message, tt.sleep, tt.wait)
+			}
+		})
+	}
+}
