@@ -25,6 +25,7 @@
 //	m.EngineHung(now, why)           // awake, failing health, no progress (Watch)
 //	m.Tick(now, ev)                  // periodically: drain and wake deadlines
 //	m.Reset(now); m.Reload(now, p)   // operator reset, config reload
+//	m.Learn(wake, request)           // after a wake or request is measured
 //
 // ev is always the tracker's evidence read while handling the event. Live
 // leases count as demand: after a failed attempt, a confirmed sleep or an
@@ -66,6 +67,11 @@ type Machine struct {
 	sleep         SleepRequest // the sleep being drained for or issued
 	awakeSince    time.Time    // when the model last became verified awake
 	lastWake      time.Duration
+
+	// The loop's learned figures (Learn), for Retry-After: the typical
+	// verified wake and granted request; 0 = none measured yet.
+	typicalWake    time.Duration
+	typicalRequest time.Duration
 }
 
 // New returns a Machine for a model napd knows nothing about yet: Unverified
@@ -86,6 +92,13 @@ func (m *Machine) Snapshot() Snapshot {
 		Yielding:   m.state == Draining && m.sleep.Reason == Demand,
 		AwakeSince: m.awakeSince,
 	}
+}
+
+// Learn hands the machine what the owner loop has learned: the typical
+// duration of the model's recent verified wakes and of its granted requests
+// (0 = none measured yet). Refusals take their Retry-After from them.
+func (m *Machine) Learn(wake, request time.Duration) {
+	m.typicalWake, m.typicalRequest = wake, request
 }
 
 // Reconcile sets the state from the supervisor's report at napd's start (or
@@ -117,7 +130,7 @@ func (m *Machine) Arrive(now time.Time) Decision {
 			return Decision{Action: QueueForWake, Reason: "yielding the GPU to waiting requests: queued for the wake that follows"}
 		}
 		if m.policy.ArrivalWhileDraining == ArrivalRefuse {
-			return m.refuse(CodeModelDraining, "draining for sleep ("+m.sleep.Reason.String()+")")
+			return m.refuse(now, CodeModelDraining, "draining for sleep ("+m.sleep.Reason.String()+")")
 		}
 		if m.op != 0 { // the sleep call is in flight: it cannot be taken back
 			return Decision{Action: QueueForWake, Reason: "going to sleep: queued for the wake that follows"}
@@ -131,7 +144,7 @@ func (m *Machine) Arrive(now time.Time) Decision {
 	case Waking:
 		return Decision{Action: QueueForWake}
 	case Failed:
-		return m.refuse(CodeModelFailed, m.reason)
+		return m.refuse(now, CodeModelFailed, m.reason)
 	}
 	return Decision{}
 }
@@ -420,7 +433,7 @@ func (m *Machine) spend(now time.Time, why string) (Decision, bool) {
 		return Decision{}, false
 	}
 	m.set(now, Failed, fmt.Sprintf("failed: %s (%d of %d attempts)", why, m.attempts, m.policy.WakeAttempts))
-	d := m.refuse(CodeModelFailed, m.reason)
+	d := m.refuse(now, CodeModelFailed, m.reason)
 	d.Action = RefuseWaiting
 	return d, true
 }
@@ -435,10 +448,42 @@ func (m *Machine) settle(now time.Time, s State, why string, leases lease.Eviden
 	return Decision{Reason: why}
 }
 
-func (m *Machine) refuse(code, msg string) Decision {
+func (m *Machine) refuse(now time.Time, code, msg string) Decision {
 	return Decision{Action: Refuse, Reason: msg, Refusal: &Refusal{
-		Status: 503, Code: code, Message: msg, RetryAfter: m.policy.RetryAfter,
+		Status: 503, Code: code, Message: msg, RetryAfter: m.retryAfter(now),
 	}}
+}
+
+// retryAfter is when a request refused now may be taken:
+//   - draining: when the drain ends, that is when the requests in flight
+//     end (a typical request) or at drain_timeout, whichever comes first;
+//     an arrival after it wakes the model and waits for the wake instead
+//     of being refused. With the sleep call already in flight, at once.
+//   - failed: only an operator's reset or a reload brings the model back,
+//     and then it wakes. The longer a failure has gone unattended, the
+//     less likely a reset is soon, so it is the time failed so far plus a
+//     typical wake (the last verified wake when the loop has not learned
+//     one): clients back off as the failure ages.
+//
+// Always within [MinRetryAfter, MaxRetryAfter].
+func (m *Machine) retryAfter(now time.Time) time.Duration {
+	var d time.Duration
+	switch m.state {
+	case Draining:
+		if m.op == 0 {
+			d = m.drainDeadline.Sub(now)
+			if m.typicalRequest > 0 {
+				d = min(d, m.typicalRequest)
+			}
+		}
+	case Failed:
+		wake := m.typicalWake
+		if wake <= 0 {
+			wake = m.lastWake
+		}
+		d = now.Sub(m.since) + wake
+	}
+	return min(max(d, MinRetryAfter), MaxRetryAfter)
 }
 
 func (m *Machine) set(now time.Time, s State, why string) {

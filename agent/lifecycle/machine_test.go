@@ -23,7 +23,6 @@ var policy = lifecycle.Policy{
 	WakeAttempts:         3,
 	ArrivalWhileDraining: lifecycle.ArrivalCancelDrain,
 	IdleMinimum:          time.Minute,
-	RetryAfter:           7 * time.Second,
 }
 
 // box is the owner loop in miniature: a hand-advanced clock, a tracker and
@@ -189,7 +188,8 @@ func TestMachine_ArrivalDuringDrainRefused(t *testing.T) {
 
 	late, d := b.arrive(lease.Request{Kind: request.Chat})
 	want(t, d, lifecycle.Refuse)
-	if r := d.Refusal; r.Status != 503 || r.RetryAfter != 7*time.Second || r.Code != lifecycle.CodeModelDraining {
+	// Nothing learned yet: the drain may last until drain_timeout.
+	if r := d.Refusal; r.Status != 503 || r.RetryAfter != policy.DrainTimeout || r.Code != lifecycle.CodeModelDraining {
 		t.Fatalf("refusal = %+v", r)
 	}
 	if d := b.finish(late, lease.Outcome{Cancelled: true}); d.Action != lifecycle.None {
@@ -376,7 +376,8 @@ func TestMachine_ThreeFailedAttempts(t *testing.T) {
 	}
 	d = want(t, b.wakeDone(d.Op, errUnhealthy), lifecycle.RefuseWaiting)
 	const msg = "failed: health check failed: connection refused (3 of 3 attempts)"
-	if r := d.Refusal; r.Message != msg || r.Status != 503 || r.Code != lifecycle.CodeModelFailed || r.RetryAfter != 7*time.Second {
+	// No wake measured, failed just now: the least hint.
+	if r := d.Refusal; r.Message != msg || r.Status != 503 || r.Code != lifecycle.CodeModelFailed || r.RetryAfter != lifecycle.MinRetryAfter {
 		t.Fatalf("refusal = %+v", r)
 	}
 	b.finish(id, lease.Outcome{Cancelled: true})
@@ -617,13 +618,13 @@ func TestMachine_PolicyClamping(t *testing.T) {
 	want(t, d, lifecycle.Admit)
 	b.finish(id, lease.Outcome{})
 	b.finish(late, lease.Outcome{})
-	// Zero wake timeout and retry hint take the defaults.
+	// A zero wake timeout takes the default.
 	b.m.EngineExited(b.now, "", b.ev())
 	id, d = b.arrive(lease.Request{})
 	want(t, d, lifecycle.StartWake)
 	b.advance(lifecycle.DefaultWakeTimeout)
 	d = want(t, b.tick(), lifecycle.RefuseWaiting)
-	if d.Refusal.RetryAfter != lifecycle.DefaultRetryAfter {
+	if d.Refusal.RetryAfter != lifecycle.MinRetryAfter {
 		t.Fatalf("retry after = %v", d.Refusal.RetryAfter)
 	}
 	b.finish(id, lease.Outcome{Cancelled: true})
@@ -827,4 +828,68 @@ func TestMachine_EngineHung(t *testing.T) {
 	b = newBox(t, p, lifecycle.ReportServing)
 	want(t, b.m.EngineHung(b.now, "x"), lifecycle.RefuseWaiting)
 	b.wantState(lifecycle.Failed)
+}
+
+// Retry-After comes from the learned figures the loop hands in, and from
+// where the model is: a drain's remaining time, a failure's age.
+func TestMachine_RetryAfterLearned(t *testing.T) {
+	p := policy
+	p.ArrivalWhileDraining = lifecycle.ArrivalRefuse
+	b := newBox(t, p, lifecycle.ReportServing)
+	b.m.Learn(20*time.Second, 4*time.Second)
+	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	want(t, b.sleep(lifecycle.Operator, lifecycle.EngineIdle), lifecycle.None)
+	retry := func(wantCode string, wantRetry time.Duration) {
+		t.Helper()
+		id, d := b.arrive(lease.Request{})
+		want(t, d, lifecycle.Refuse)
+		if r := d.Refusal; r.Code != wantCode || r.RetryAfter != wantRetry {
+			t.Fatalf("refusal = %+v, want %s after %v", r, wantCode, wantRetry)
+		}
+		b.finish(id, lease.Outcome{Cancelled: true})
+	}
+	// The drain ends with the request in flight: a typical request.
+	retry(lifecycle.CodeModelDraining, 4*time.Second)
+	// Near drain_timeout, the drain's deadline comes first.
+	b.advance(p.DrainTimeout - 2*time.Second)
+	retry(lifecycle.CodeModelDraining, 2*time.Second)
+	// Past it, the least hint, never less.
+	b.advance(5 * time.Second)
+	retry(lifecycle.CodeModelDraining, lifecycle.MinRetryAfter)
+	// With the sleep call in flight a retry wakes the model: at once.
+	d := want(t, b.finish(stream, lease.Outcome{}), lifecycle.IssueSleep)
+	retry(lifecycle.CodeModelDraining, lifecycle.MinRetryAfter)
+	want(t, b.sleepDone(d.Op, nil), lifecycle.None)
+
+	// Failed: a typical wake at the failure, growing with its age.
+	id, d := b.arrive(lease.Request{})
+	for range p.WakeAttempts {
+		d = b.wakeDone(d.Op, errUnhealthy)
+	}
+	want(t, d, lifecycle.RefuseWaiting)
+	if d.Refusal.RetryAfter != 20*time.Second {
+		t.Fatalf("retry after at the failure = %v, want the typical wake", d.Refusal.RetryAfter)
+	}
+	b.finish(id, lease.Outcome{Cancelled: true})
+	b.advance(time.Minute)
+	retry(lifecycle.CodeModelFailed, time.Minute+20*time.Second)
+	b.advance(time.Hour)
+	retry(lifecycle.CodeModelFailed, lifecycle.MaxRetryAfter)
+	// Nothing learned: the last verified wake stands in for a typical one.
+	b.m.Learn(0, 0)
+	want(t, b.m.Reset(b.now), lifecycle.None)
+	id, d = b.arrive(lease.Request{})
+	b.advance(9 * time.Second)
+	want(t, b.wakeDone(d.Op, nil), lifecycle.AdmitWaiting)
+	b.finish(id, lease.Outcome{})
+	b.m.EngineExited(b.now, "killed", b.ev())
+	id, d = b.arrive(lease.Request{})
+	for range p.WakeAttempts {
+		d = b.wakeDone(d.Op, errUnhealthy)
+	}
+	want(t, d, lifecycle.RefuseWaiting)
+	if d.Refusal.RetryAfter != 9*time.Second {
+		t.Fatalf("retry after = %v, want the last wake", d.Refusal.RetryAfter)
+	}
+	b.finish(id, lease.Outcome{Cancelled: true})
 }

@@ -81,7 +81,14 @@ const (
 // Defaults applied by New and Reload where a Policy field is out of range.
 const (
 	DefaultWakeTimeout = 10 * time.Minute
-	DefaultRetryAfter  = 5 * time.Second
+)
+
+// Bounds of a refusal's Retry-After, which is derived from what the loop
+// learned (see Machine.Learn): Retry-After is whole seconds, and a client
+// told to wait longer than MaxRetryAfter would rather ask again.
+const (
+	MinRetryAfter = time.Second
+	MaxRetryAfter = 10 * time.Minute
 )
 
 // Policy is one model's effective lifecycle policy.
@@ -95,8 +102,6 @@ type Policy struct {
 	// idle this long since its last lease ended or its last wake, whichever
 	// is later (anti-flap). < 0 is 0.
 	IdleMinimum time.Duration
-	// RetryAfter is the hint sent with refusals; <= 0 is DefaultRetryAfter.
-	RetryAfter time.Duration
 }
 
 func (p Policy) normalized() Policy {
@@ -105,9 +110,6 @@ func (p Policy) normalized() Policy {
 	p.WakeAttempts = max(p.WakeAttempts, 1)
 	if p.WakeTimeout <= 0 {
 		p.WakeTimeout = DefaultWakeTimeout
-	}
-	if p.RetryAfter <= 0 {
-		p.RetryAfter = DefaultRetryAfter
 	}
 	if p.ArrivalWhileDraining != ArrivalRefuse {
 		p.ArrivalWhileDraining = ArrivalCancelDrain
@@ -302,9 +304,11 @@ const (
 // Refusal is a request the model cannot take. The gateway answers Status
 // with an OpenAI-shaped error naming Message and a Retry-After header.
 type Refusal struct {
-	Status     int    // HTTP status: 503 (unavailable)
-	Code       string // CodeModelFailed, CodeModelDraining
-	Message    string // e.g. "failed: health check failed: connection refused (3 of 3 attempts)"
+	Status  int    // HTTP status: 503 (unavailable)
+	Code    string // CodeModelFailed, CodeModelDraining
+	Message string // e.g. "failed: health check failed: connection refused (3 of 3 attempts)"
+	// RetryAfter is when a retry may be taken, from the learned figures
+	// (see Machine.Learn), within [MinRetryAfter, MaxRetryAfter].
 	RetryAfter time.Duration
 }
 

@@ -148,6 +148,7 @@ func (m *Model) end(w *waiter, o gateway.Outcome) {
 			w.granted = false
 			m.active--
 			m.requests.Add(now.Sub(w.grantedAt))
+			m.learn()
 		}
 		m.lastUsed = now
 		if o.Fault == gateway.FaultConnectTimeout && w.inst == m.eng {
@@ -223,10 +224,31 @@ func (m *Model) enqueue(w *waiter, forWake bool) {
 	if len(m.queue) >= limit {
 		w.reply <- grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "queue_full",
 			Message:    fmt.Sprintf("model %s: queue full (%d waiting, %d in flight)", m.name, len(m.queue), m.active),
-			RetryAfter: time.Second}}
+			RetryAfter: m.queueRetry(forWake)}}
 		return
 	}
 	m.queue = append(m.queue, w)
+}
+
+// queueRetry is when a request the full queue refused would have been
+// served: the queued requests ahead of it and itself, less the slots free
+// (all of them once a wake ends), take their slots max_concurrency at a
+// time, each after a typical request; a queue waiting for a wake first
+// waits for a typical wake, less what has passed of one under way. At least lifecycle.MinRetryAfter,
+// which is all it is before anything was measured.
+func (m *Model) queueRetry(forWake bool) time.Duration {
+	l := m.learned()
+	free := m.cfg.MaxConcurrency - m.active
+	var wake time.Duration
+	if forWake {
+		free, wake = m.cfg.MaxConcurrency, l.Wake
+		if lc := m.machine.Snapshot(); lc.State == lifecycle.Waking && !lc.RoomWait {
+			wake = max(wake-m.now().Sub(m.wokeAt), 0) // under way
+		}
+	}
+	turns := max(len(m.queue)+1-free, 0)
+	d := wake + l.Request*time.Duration(turns)/time.Duration(max(m.cfg.MaxConcurrency, 1))
+	return min(max(d, lifecycle.MinRetryAfter), lifecycle.MaxRetryAfter)
 }
 
 // dispatch grants queued requests while the model serves and slots are free.

@@ -40,6 +40,7 @@ func (m *Model) apply(d lifecycle.Decision, w *waiter) {
 		m.d.Metrics.Wakes.WithLabelValues(m.name, "ok").Inc()
 		lc := m.machine.Snapshot()
 		m.wakes.Add(lc.LastWake)
+		m.learn()
 		m.d.Metrics.WakeTime.WithLabelValues(m.name).Observe(lc.LastWake.Seconds())
 		m.emit(control.Event{Kind: "wake", Reason: d.Reason, WakeMs: lc.LastWake.Milliseconds()})
 		m.dispatch()

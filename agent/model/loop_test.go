@@ -838,3 +838,99 @@ func TestHealthWatch_UnknownProgressWaitsForRequests(t *testing.T) {
 	reply <- ProbeResult{Err: hung} // nothing in flight now: it counts
 	r.until("unverified", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Unverified })
 }
+
+// Every 503 of the loop takes its Retry-After from what the loop learned
+// (requests of 6 s and a wake of 8 s by the hand-advanced clock), never
+// from a constant: a full queue, a refusing drain, a removed model.
+func TestRetryAfterLearned(t *testing.T) {
+	const request, wake = 6 * time.Second, 8 * time.Second
+	r := newRig(t, supervisor.Awake, func(c *config.Model) {
+		c.MaxConcurrency, c.Queue = 2, 3
+		c.ArrivalWhileDraining = config.ArrivalRefuse
+	})
+	r.expect(lifecycle.Awake)
+	ctx := context.Background()
+	// fill admits n requests one after another, so they queue in order.
+	fill := func(n int) []*admission {
+		var as []*admission
+		for i := range n {
+			as = append(as, r.admit(ctx))
+			r.until("admitted or queued", func(s Snapshot) bool { return s.Active+s.QueueDepth == i+1 })
+		}
+		return as
+	}
+	// serve serves as in order, two at a time, each for request.
+	serve := func(as []*admission) {
+		run := []*gateway.Ticket{r.granted(as[0]), r.granted(as[1])}
+		rest := as[2:]
+		for len(run) > 0 {
+			r.clock.Advance(request)
+			var next []*gateway.Ticket
+			for _, tk := range run {
+				tk.Done(gateway.Outcome{})
+				if len(rest) > 0 {
+					next, rest = append(next, r.granted(rest[0])), rest[1:]
+				}
+			}
+			run = next
+		}
+		r.until("all served", func(s Snapshot) bool { return s.Active+s.QueueDepth == 0 })
+	}
+	refused := func(a *admission, code string, want time.Duration) {
+		t.Helper()
+		_, err := a.result(t)
+		var ref *gateway.Refusal
+		if !errors.As(err, &ref) || ref.Code != code || ref.RetryAfter != want {
+			t.Fatalf("admission: %v (%+v), want %s with Retry-After %v", err, ref, code, want)
+		}
+	}
+
+	// Nothing measured yet: the least hint.
+	as := fill(5)
+	refused(r.admit(ctx), "queue_full", lifecycle.MinRetryAfter)
+	serve(as)
+	// Three queued ahead and itself, less no free slot, two at a time:
+	// two typical requests.
+	as = fill(5)
+	refused(r.admit(ctx), "queue_full", 2*request)
+	serve(as)
+
+	// A refusing drain ends with the request in flight: a typical one.
+	tk := r.granted(r.admit(ctx))
+	slept := r.operatorSleep()
+	r.waitEvent("state", "draining")
+	refused(r.admit(ctx), "model_draining", request)
+	tk.Done(gateway.Outcome{})
+	r.next("sleep").reply <- nil
+	if err := <-slept; err != nil {
+		t.Fatalf("operator sleep: %v", err)
+	}
+
+	// Learn a wake, then sleep again.
+	a := r.admit(ctx)
+	c := r.next("wake")
+	r.clock.Advance(wake)
+	c.reply <- nil
+	tk = r.granted(a)
+	r.clock.Advance(request)
+	tk.Done(gateway.Outcome{})
+	slept = r.operatorSleep()
+	r.next("sleep").reply <- nil
+	if err := <-slept; err != nil {
+		t.Fatalf("operator sleep: %v", err)
+	}
+	// Five wait for a wake under way for 3 s: the rest of a typical wake,
+	// then the three beyond the two slots it opens and itself, two at a
+	// time.
+	as = fill(5)
+	c = r.next("wake")
+	r.clock.Advance(3 * time.Second)
+	refused(r.admit(ctx), "queue_full", wake-3*time.Second+2*request)
+
+	// A removed model is gone once its requests in flight end.
+	c.reply <- nil
+	r.granted(as[0])
+	r.granted(as[1])
+	r.m.Retire()
+	refused(as[2], "model_removed", request)
+}

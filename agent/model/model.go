@@ -418,13 +418,25 @@ func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.Engine
 	return d
 }
 
+// learned is the typical duration of the model's recent wakes and requests.
+func (m *Model) learned() planner.Learned {
+	return planner.Learned{Wake: m.wakes.Typical(), Request: m.requests.Typical()}
+}
+
+// learn hands the machine the loop's learned figures, for its refusals'
+// Retry-After; call it after each wake or request is measured.
+func (m *Model) learn() {
+	l := m.learned()
+	m.machine.Learn(l.Wake, l.Request)
+}
+
 // ---- publishing ----
 
 func (m *Model) publish() {
 	s := &Snapshot{
 		Config: m.cfg, Spec: m.spec, Lifecycle: m.machine.Snapshot(),
 		QueueDepth: len(m.queue), Active: m.active, LastUsed: m.lastUsed,
-		Learned: planner.Learned{Wake: m.wakes.Typical(), Request: m.requests.Typical()},
+		Learned: m.learned(),
 	}
 	if len(m.queue) > 0 {
 		s.Oldest, s.Deadline = m.queue[0].arrived, m.queue[0].deadline
@@ -473,7 +485,11 @@ func (m *Model) emit(e control.Event) {
 
 // removed is the refusal for a request that reached a model a reload
 // removed: 503, as the request raced the reload (a later one gets 404).
+// The model is gone once its requests in flight end, so a retry after a
+// typical request finds out for good (or finds the model re-added). It
+// reads the published snapshot: it runs on and off the loop.
 func (m *Model) removed() *gateway.Refusal {
 	return &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
-		Message: "model " + m.name + " was removed from the configuration", RetryAfter: time.Second}
+		Message:    "model " + m.name + " was removed from the configuration",
+		RetryAfter: max(m.Snapshot().Learned.Request, lifecycle.MinRetryAfter)}
 }

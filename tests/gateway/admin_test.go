@@ -138,9 +138,10 @@ func TestStatusPage_InChromium(t *testing.T) {
 	if lookErr != nil {
 		t.Skip("chromium is not installed (scripts/test-deps.sh installs it)")
 	}
-	// The fake nvidia-smi finds engines by their --model among all the
-	// host's processes: a name of this test's own.
-	llama := "llama" + strconv.Itoa(os.Getpid())
+	// The fake nvidia-smi counts only the engines of the napd that runs
+	// it (its children), so tests running beside this one with a model of
+	// the same name do not add to its GPU.
+	const llama = "llama"
 	m1, _ := demo(t, llama, `sleep = "stop"`+"\naliases = [\"fast\"]", "--ttft", "0")
 	m2, _ := demo(t, "qwen", `sleep = "stop"`, "--ttft", "0")
 	// The planner test's fake nvidia-smi: one 80 GiB GPU on which llama's
