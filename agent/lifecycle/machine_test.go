@@ -837,7 +837,7 @@ func TestMachine_RetryAfterLearned(t *testing.T) {
 	p.ArrivalWhileDraining = lifecycle.ArrivalRefuse
 	b := newBox(t, p, lifecycle.ReportServing)
 	b.m.Learn(20*time.Second, 4*time.Second)
-	stream, _ := b.arrive(lease.Request{Kind: lease.KindChat, Stream: true})
+	stream, _ := b.arrive(lease.Request{Kind: request.Chat, Stream: true})
 	want(t, b.sleep(lifecycle.Operator, lifecycle.EngineIdle), lifecycle.None)
 	retry := func(wantCode string, wantRetry time.Duration) {
 		t.Helper()
