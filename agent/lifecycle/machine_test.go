@@ -862,15 +862,19 @@ func TestMachine_RetryAfterLearned(t *testing.T) {
 	want(t, b.sleepDone(d.Op, nil), lifecycle.None)
 
 	// Failed: a typical wake at the failure, growing with its age.
-	id, d := b.arrive(lease.Request{})
-	for range p.WakeAttempts {
-		d = b.wakeDone(d.Op, errUnhealthy)
+	failing := func(wantRetry time.Duration) {
+		t.Helper()
+		id, d := b.arrive(lease.Request{})
+		for range p.WakeAttempts {
+			d = b.wakeDone(d.Op, errUnhealthy)
+		}
+		want(t, d, lifecycle.RefuseWaiting)
+		if d.Refusal.RetryAfter != wantRetry {
+			t.Fatalf("retry after at the failure = %v, want %v", d.Refusal.RetryAfter, wantRetry)
+		}
+		b.finish(id, lease.Outcome{Cancelled: true})
 	}
-	want(t, d, lifecycle.RefuseWaiting)
-	if d.Refusal.RetryAfter != 20*time.Second {
-		t.Fatalf("retry after at the failure = %v, want the typical wake", d.Refusal.RetryAfter)
-	}
-	b.finish(id, lease.Outcome{Cancelled: true})
+	failing(20 * time.Second) // the typical wake
 	b.advance(time.Minute)
 	retry(lifecycle.CodeModelFailed, time.Minute+20*time.Second)
 	b.advance(time.Hour)
@@ -878,18 +882,10 @@ func TestMachine_RetryAfterLearned(t *testing.T) {
 	// Nothing learned: the last verified wake stands in for a typical one.
 	b.m.Learn(0, 0)
 	want(t, b.m.Reset(b.now), lifecycle.None)
-	id, d = b.arrive(lease.Request{})
+	id, d := b.arrive(lease.Request{})
 	b.advance(9 * time.Second)
 	want(t, b.wakeDone(d.Op, nil), lifecycle.AdmitWaiting)
 	b.finish(id, lease.Outcome{})
 	b.m.EngineExited(b.now, "killed", b.ev())
-	id, d = b.arrive(lease.Request{})
-	for range p.WakeAttempts {
-		d = b.wakeDone(d.Op, errUnhealthy)
-	}
-	want(t, d, lifecycle.RefuseWaiting)
-	if d.Refusal.RetryAfter != 9*time.Second {
-		t.Fatalf("retry after = %v, want the last wake", d.Refusal.RetryAfter)
-	}
-	b.finish(id, lease.Outcome{Cancelled: true})
+	failing(9 * time.Second) // the last verified wake
 }
