@@ -160,8 +160,7 @@ func TestStatusPage_InChromium(t *testing.T) {
 	if resp, body := admin(t, ctxFor(t, time.Minute), n, "POST", "/napd/v1/models/"+llama+"/wake", ""); resp.StatusCode != 200 || !strings.Contains(string(body), `"done":true`) {
 		t.Fatalf("wake: %d %s", resp.StatusCode, body)
 	}
-	n.WaitLog("gpu probe", 5*time.Second)
-	fakeGPU := strings.Contains(n.Log(), "source=nvidia-smi")
+	fakeGPU := n.GPUSource(10*time.Second) == "nvidia-smi"
 	if fakeGPU {
 		// The planner measures every 2 s.
 		eventually(t, 30*time.Second, "llama's GPU memory measured", func() bool {

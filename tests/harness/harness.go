@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -302,14 +303,38 @@ func (n *Napd) Napctl(args ...string) (string, error) {
 // WaitLog waits until napd's log contains substr.
 func (n *Napd) WaitLog(substr string, within time.Duration) {
 	n.t.Helper()
+	n.waitLog(strconv.Quote(substr), within, func(log string) bool { return strings.Contains(log, substr) })
+}
+
+// GPUSource waits for napd's choice of GPU probe and returns it: "nvml",
+// "nvidia-smi", or "" for none (no nvidia-smi on PATH, or one that fails).
+// NVML's absence is logged before the nvidia-smi fallback is tried, so a
+// first "gpu probe" line does not tell the choice yet.
+func (n *Napd) GPUSource(within time.Duration) string {
+	n.t.Helper()
+	var source string
+	n.waitLog("choice of GPU probe", within, func(log string) bool {
+		if _, rest, ok := strings.Cut(log, `msg="gpu probe" source=`); ok {
+			source = strings.Fields(rest)[0]
+			return true
+		}
+		return strings.Contains(log, "gpu probe: no nvidia-smi") || strings.Contains(log, "gpu probe: nvidia-smi fails")
+	})
+	return source
+}
+
+// waitLog waits until ok holds for napd's log; what names it for the
+// failure.
+func (n *Napd) waitLog(what string, within time.Duration, ok func(log string) bool) {
+	n.t.Helper()
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		if strings.Contains(n.Log(), substr) {
+		if ok(n.Log()) {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	n.t.Fatalf("napd log has no %q within %s", substr, within)
+	n.t.Fatalf("napd log has no %s within %s", what, within)
 }
 
 // ModelStatus reads one model's row from napd's control API (what

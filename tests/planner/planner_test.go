@@ -46,12 +46,12 @@ func fakeGPU(t *testing.T, totalMiB int, models map[string]int) []string {
 // NVIDIA driver napd prefers NVML and the fake is never asked: skip there.
 func requireFakeSMI(t *testing.T, n *harness.Napd) {
 	t.Helper()
-	n.WaitLog("gpu probe", 5*time.Second)
-	switch log := n.Log(); {
-	case strings.Contains(log, "source=nvml"):
+	switch n.GPUSource(10 * time.Second) {
+	case "nvml":
 		t.Skip("a real NVML is loaded on this host: the fake nvidia-smi is not used")
-	case !strings.Contains(log, "source=nvidia-smi"):
-		t.Fatalf("napd does not use the fake nvidia-smi:\n%s", log)
+	case "nvidia-smi":
+	default:
+		t.Fatalf("napd does not use the fake nvidia-smi:\n%s", n.Log())
 	}
 }
 
