@@ -202,6 +202,16 @@ func openStreams(ctx context.Context, url string, k int, interval time.Duration,
 		interval.Milliseconds())
 	var opened atomic.Int64
 	var failed atomic.Int64
+	var mu sync.Mutex
+	var firstErr error // why the first stream failed
+	fail := func(err error) {
+		failed.Add(1)
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
 	var wg sync.WaitGroup
 	for i := range k {
 		if i%100 == 0 {
@@ -214,14 +224,18 @@ func openStreams(ctx context.Context, url string, k int, interval time.Duration,
 			resp, err := c.Do(req)
 			if err != nil {
 				if ctx.Err() == nil {
-					failed.Add(1)
+					fail(err)
 				}
 				return
 			}
 			defer resp.Body.Close()
 			r := bufio.NewReader(resp.Body)
 			if _, err := r.ReadSlice('\n'); err != nil {
-				failed.Add(1)
+				fail(fmt.Errorf("status %d: %w", resp.StatusCode, err))
+				return
+			}
+			if resp.StatusCode != http.StatusOK {
+				fail(fmt.Errorf("status %d", resp.StatusCode))
 				return
 			}
 			opened.Add(1)
@@ -233,7 +247,9 @@ func openStreams(ctx context.Context, url string, k int, interval time.Duration,
 		time.Sleep(50 * time.Millisecond)
 	}
 	if f := failed.Load(); f > 0 {
-		fmt.Fprintf(os.Stderr, "bench: %d of %d streams failed to open\n", f, k)
+		mu.Lock()
+		fmt.Fprintf(os.Stderr, "bench: %d of %d streams failed to open; the first: %v\n", f, k, firstErr)
+		mu.Unlock()
 	}
 	if opened.Load() > 0 {
 		sample()

@@ -136,6 +136,17 @@ const maxReroutes = 3
 
 func (ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	c := callOf(req.Context())
+	if req.GetBody != nil && req.Body != nil {
+		// A body read whole (GetBody set) comes wrapped by ReverseProxy in
+		// a reader net/http does not know is in memory, so it would send
+		// the engine the headers in a write of their own before the body:
+		// a fresh copy goes out with them in one.
+		if body, err := req.GetBody(); err == nil {
+			whole := *req
+			whole.Body = body
+			req = &whole
+		}
+	}
 	for n := 0; ; n++ {
 		rt := c.ticket.Transport
 		if rt == nil {
