@@ -189,6 +189,12 @@ func (a *Agent) plannerInput(ms *measurement) planner.Input {
 			YieldAfter:     s.Config.YieldAfter,
 			Learned:        s.Learned,
 			KeepAwake:      inWindow(s.Config, ms.at),
+			Slept:          s.Slept,
+			DeepSleep:      s.Config.DeepSleep,
+			DeepSleepAfter: s.Config.DeepSleepAfter,
+		}
+		if s.Lifecycle.State == lifecycle.Sleeping {
+			pm.SleptAt = s.Lifecycle.Since
 		}
 		if s.Lifecycle.State == lifecycle.Unsupported {
 			pm.State = lifecycle.Awake // serving; the machine re-checks the proof
@@ -259,6 +265,10 @@ func (a *Agent) act(ms *measurement, decisions []planner.Decision) {
 			a.metrics.Swaps.WithLabelValues(d.Model, string(d.Reason)).Inc()
 		}
 		a.publishEvent(controlDecision(d))
+		if m.Snapshot().Lifecycle.State == lifecycle.Sleeping {
+			m.Deepen(d.Strategy, string(d.Reason)) // the sleep ladder, or host pressure
+			continue
+		}
 		req := lifecycle.SleepRequest{Reason: reason, Strategy: d.Strategy, Cause: string(d.Reason)}
 		mm := ms.models[d.Model]
 		m.RequestSleep(req, lifecycleEngine(mm.activity), mm.detail)

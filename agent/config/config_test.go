@@ -108,6 +108,8 @@ func TestParse_Errors(t *testing.T) {
 		{"psi out of range", "[pressure]\npsi_some_avg10 = 0.0\n", 2, "pressure.psi_some_avg10", "out of range"},
 		{"negative gpu", "[models.a]\n" + minimal + "gpus = [0, -1]\n", 3, "models.a.gpus", "out of range"},
 		{"gpu twice", "[models.a]\n" + minimal + "gpus = [1, 1]\n", 3, "models.a.gpus", "listed twice"},
+		{"deep_sleep level", "[policy]\ndeep_sleep = \"vllm-l2\"\n", 2, "policy.deep_sleep", `"stop"`},
+		{"deep_sleep_after", "[models.a]\n" + minimal + "deep_sleep_after = \"soon\"\n", 3, "models.a.deep_sleep_after", ""},
 		{"gpus word", "[models.a]\n" + minimal + "gpus = \"all\"\n", 3, "models.a.gpus", `"any" or { count = N }`},
 		{"gpus count zero", "[models.a]\n" + minimal + "gpus = { count = 0 }\n", 3, "models.a.gpus", "out of range"},
 		{"gpus count type", "[models.a]\n" + minimal + "gpus = { count = \"2\" }\n", 3, "models.a.gpus", "want an integer"},
@@ -276,6 +278,8 @@ activity_metrics = ["myengine:active", "queue_depth"]
 health_failures = 5
 yield_after = "0"
 wake_progress = true
+deep_sleep = "stop"
+deep_sleep_after = "30m"
 
 [models.alpha]
 unit = "alpha.service"
@@ -294,6 +298,7 @@ port = 8102
 		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
 		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,
+		DeepSleep: sleepmode.Stop, DeepSleepAfter: 30 * time.Minute,
 	}
 	if !reflect.DeepEqual(cfg.Models[0], want) {
 		t.Errorf("zeta =\n%+v\nwant\n%+v", cfg.Models[0], want)

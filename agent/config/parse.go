@@ -65,6 +65,8 @@ func Default() *Config {
 			HealthFailures:       3,
 			YieldAfter:           30 * time.Second,
 			FairShare:            FairShareAuto,
+			DeepSleep:            sleepmode.None,
+			DeepSleepAfter:       time.Hour,
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -388,6 +390,8 @@ func policySchema(p *Policy) map[string]setter {
 		"health_interval":        setDuration(&p.HealthInterval, true),
 		"health_failures":        setInt(&p.HealthFailures, 1, 100),
 		"yield_after":            setDuration(&p.YieldAfter, true),
+		"deep_sleep":             setEnum(&p.DeepSleep, sleepmode.Stop, sleepmode.None),
+		"deep_sleep_after":       setDuration(&p.DeepSleepAfter, true),
 		"fair_share":             setEnum(&p.FairShare, FairShareAuto, FairShareOn, FairShareOff),
 	}
 }
@@ -466,6 +470,8 @@ func (m *Model) setPolicy(p Policy) {
 	m.HealthInterval = p.HealthInterval
 	m.HealthFailures = p.HealthFailures
 	m.YieldAfter = p.YieldAfter
+	m.DeepSleep = p.DeepSleep
+	m.DeepSleepAfter = p.DeepSleepAfter
 }
 
 // decl is a decoded model with the table it came from, for checks that

@@ -117,6 +117,12 @@ type Policy struct {
 	// FairShare is FairShareAuto, FairShareOn or FairShareOff: whether a
 	// model's queue admits round-robin by client (API key name).
 	FairShare string
+	// DeepSleep is the deeper strategy (sleepmode.Stop, or sleepmode.None
+	// for no ladder) a model asleep in a light one (vllm-l1, vllm-l2,
+	// sglang: the engine process stays) moves to after DeepSleepAfter, or
+	// at once under host memory pressure.
+	DeepSleep      string
+	DeepSleepAfter time.Duration
 	// MaxAwake is how many models may be awake at once (0 = unlimited):
 	// the least recently used idle one makes room for a new wake. Only in
 	// [policy].
@@ -178,6 +184,8 @@ type Model struct {
 	HealthInterval       time.Duration
 	HealthFailures       int
 	YieldAfter           time.Duration
+	DeepSleep            string
+	DeepSleepAfter       time.Duration
 	// FairShare: the queue admits round-robin by client label rather than
 	// by arrival (policy.fair_share, "auto" resolved against the keys).
 	FairShare bool

@@ -126,6 +126,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 			}
 			if err == nil {
 				m.replaceEngine(newInstance(spec, m.eng.link))
+				m.slept = ""
 			}
 			m.apply(m.machine.WakeDone(m.now(), op, err, m.evidence()), nil)
 			m.publish()
@@ -194,6 +195,7 @@ func (m *Model) sleepDone(op lifecycle.Op, req lifecycle.SleepRequest, strategy 
 	draining := m.machine.Snapshot().State == lifecycle.Draining
 	d := m.machine.SleepDone(m.now(), op, err, m.evidence())
 	if err == nil {
+		m.slept = strategy
 		m.eng.retire() // asleep: the next wake makes a new instance
 		m.d.Metrics.Sleeps.WithLabelValues(m.name, sleepLabel(req)).Inc()
 		m.emit(control.Event{Kind: "sleep", Reason: req.Reason.String() + ", strategy " + strategy})
@@ -208,6 +210,44 @@ func (m *Model) sleepDone(op lifecycle.Op, req lifecycle.SleepRequest, strategy 
 	m.apply(d, nil)
 	m.afterIdle()
 	m.publish()
+}
+
+// Deepen moves a sleeping model down the sleep ladder: its engine, asleep
+// in a light strategy, is put to sleep again with strategy (stop). The
+// lifecycle state stays Sleeping; a wake arriving meanwhile waits for the
+// supervisor (opMu) and then takes the path for the level reached. cause
+// labels the sleep metric and event.
+func (m *Model) Deepen(strategy, cause string) {
+	m.do(func() {
+		if m.machine.Snapshot().State != lifecycle.Sleeping || m.slept == "" || m.slept == strategy || m.deeper {
+			return
+		}
+		m.deeper = true
+		from, spec := m.slept, m.eng.spec
+		m.log.Info("sleeping deeper", "from", from, "strategy", strategy, "reason", cause)
+		go func() {
+			ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.StopTimeout+30*time.Second)
+			defer cancel()
+			m.opMu.Lock()
+			defer m.opMu.Unlock()
+			err := m.d.Supervisor.Sleep(ctx, spec, strategy)
+			// Told before opMu is released: a wake waiting for it must
+			// find the level recorded first.
+			m.do(func() {
+				m.deeper = false
+				if err != nil {
+					m.log.Warn("sleeping deeper failed", "strategy", strategy, "err", err)
+					return
+				}
+				if m.machine.Snapshot().State == lifecycle.Sleeping && m.slept == from {
+					m.slept = strategy
+					m.d.Metrics.Sleeps.WithLabelValues(m.name, cause).Inc()
+					m.emit(control.Event{Kind: "sleep", Reason: cause + ", strategy " + strategy + " (from " + from + ")"})
+				}
+				m.publish()
+			})
+		}()
+	})
 }
 
 // sleepLabel is a sleep's reason label: the planner's own (idle,

@@ -136,6 +136,8 @@ type Model struct {
 	watched  *instance          // the engine the watch is about
 	probing  bool               // a probe is in flight
 	progress Progress           // the reading of the last probe
+	slept    string             // the strategy the engine sleeps with ("" = awake or unknown)
+	deeper   bool               // a move down the sleep ladder is in flight
 }
 
 // instance is one engine as requests reach it: the spec it was started
@@ -189,6 +191,10 @@ type Snapshot struct {
 	// Learned is the typical duration of the model's recent wakes and
 	// requests.
 	Learned planner.Learned
+	// Slept is the strategy the sleeping engine sleeps with, "" when awake
+	// or unknown (found asleep at start): the level of the sleep ladder
+	// reached.
+	Slept string
 }
 
 // New returns the model for cfg, whose engine is started with spec. Its
@@ -437,6 +443,7 @@ func (m *Model) publish() {
 		Config: m.cfg, Spec: m.spec, Lifecycle: m.machine.Snapshot(),
 		QueueDepth: len(m.queue), Active: m.active, LastUsed: m.lastUsed,
 		Learned: m.learned(),
+		Slept:   m.slept,
 	}
 	if len(m.queue) > 0 {
 		s.Oldest, s.Deadline = m.queue[0].arrived, m.queue[0].deadline

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/sleepmode"
 )
 
 func keepAwake(m *Model) { m.KeepAwake = true }
@@ -55,5 +56,37 @@ func TestPlanMaxAwake(t *testing.T) {
 				t.Errorf("sleeps %q wait %v (%s), want %q wait %v", names(got.Sleeps), got.Wait, got.Message, tt.sleep, tt.wait)
 			}
 		})
+	}
+}
+
+// The sleep ladder: a model asleep in a light strategy is stopped once it
+// slept deep_sleep_after; not before, not without deep_sleep, not when it
+// sleeps by stop already or its sleep is unknown.
+func TestPlan_DeepSleep(t *testing.T) {
+	slept := func(strategy string, ago time.Duration) opt {
+		return func(m *Model) {
+			m.State, m.Sleep, m.Slept, m.SleptAt = lifecycle.Sleeping, strategy, strategy, now.Add(-ago)
+			m.DeepSleep, m.DeepSleepAfter = sleepmode.Stop, time.Hour
+		}
+	}
+	noLadder := func(m *Model) { m.DeepSleep = sleepmode.None }
+	in := roomy(
+		model("l1", slept(sleepmode.VLLML1, 2*time.Hour), hostBytes(30*GiB)),
+		model("l2", slept(sleepmode.VLLML2, time.Hour)),
+		model("young", slept(sleepmode.VLLML1, 59*time.Minute)),
+		model("off", slept(sleepmode.VLLML1, 2*time.Hour), noLadder),
+		model("stopped", slept(sleepmode.Stop, 2*time.Hour)),
+		model("unknown", slept(sleepmode.VLLML1, 2*time.Hour), func(m *Model) { m.Slept = "" }),
+	)
+	res := Plan(in)
+	var got []string
+	for _, d := range res.Decisions {
+		got = append(got, d.Model+"/"+string(d.Action)+"/"+string(d.Reason))
+		if d.Model == "l1" && (d.FreesHost != 30*GiB || d.Message != "stop l1: asleep (vllm-l1) for 2h0m0s, deep_sleep_after 1h0m0s") {
+			t.Errorf("l1: %+v", d)
+		}
+	}
+	if strings.Join(got, ",") != "l1/stop/deep-sleep,l2/stop/deep-sleep" {
+		t.Errorf("decisions %v", got)
 	}
 }

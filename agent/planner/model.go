@@ -91,6 +91,12 @@ type Model struct {
 	// KeepAwake: one of its keep_awake windows holds now, so it is not
 	// put to sleep for idleness.
 	KeepAwake bool
+	// Slept is the strategy a sleeping model's engine sleeps with ("" =
+	// unknown), since SleptAt; DeepSleep and DeepSleepAfter are its ladder.
+	Slept          string
+	SleptAt        time.Time
+	DeepSleep      string
+	DeepSleepAfter time.Duration
 }
 
 // Learned is the typical duration of a model's recent wakes and requests

@@ -37,6 +37,9 @@ const (
 	// requests end, because another model waited yield_after for its
 	// memory.
 	ReasonYield Reason = "yield"
+	// ReasonDeepSleep: a model asleep in a light strategy is stopped after
+	// deep_sleep_after (the sleep ladder).
+	ReasonDeepSleep Reason = "deep-sleep"
 )
 
 // Decision is one model to put to sleep, why, and the figures behind it.
@@ -110,6 +113,7 @@ func Plan(in Input) Result {
 		p.gpuPressure(g)
 	}
 	p.hostPressure()
+	p.deepSleep()
 	return Result{Decisions: p.decisions, Unrelieved: p.unrelieved, Unproven: p.unproven}
 }
 
@@ -230,6 +234,23 @@ func (p *planner) hostCandidate(m *Model) bool {
 			!m.Leases.IdleSince.IsZero() && m.idleFor(p.in.Now) >= m.IdleMinimum
 	}
 	return false
+}
+
+// deepSleep moves a model asleep in a light strategy (its engine process
+// stays) down the ladder: stopped once it has slept deep_sleep_after.
+func (p *planner) deepSleep() {
+	for _, m := range p.byLRU {
+		light := m.Slept == sleepmode.VLLML1 || m.Slept == sleepmode.VLLML2 || m.Slept == sleepmode.SGLang
+		if m.State != lifecycle.Sleeping || !light || m.DeepSleep != sleepmode.Stop || p.chosen[m.Name] ||
+			m.Leases.Active > 0 || m.SleptAt.IsZero() || p.in.Now.Sub(m.SleptAt) < m.DeepSleepAfter {
+			continue
+		}
+		why := fmt.Sprintf("asleep (%s) for %s, deep_sleep_after %s", m.Slept, p.in.Now.Sub(m.SleptAt).Round(time.Second), m.DeepSleepAfter)
+		p.decide(m, ReasonDeepSleep, why)
+		d := &p.decisions[len(p.decisions)-1]
+		d.Action, d.Strategy, d.FreesHost = ActionStop, sleepmode.Stop, m.HostBytes
+		d.Message = "stop " + m.Name + ": " + why
+	}
 }
 
 func (p *planner) hostPressure() {
