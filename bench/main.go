@@ -101,6 +101,10 @@ func run(o options) error {
 			_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 		}
 	}
+	nofile := uint64(0)
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		nofile = lim.Cur
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -180,6 +184,7 @@ func run(o options) error {
 	_, r.rssPeak, _ = n.memory()
 	done()
 
+	r.scale.nofile = nofile
 	done = step(fmt.Sprintf("%d open streams", manyStreamsWant))
 	r.scale.manyOpen, err = openStreams(ctx, viaNapd, manyStreamsWant, time.Second, func() {
 		for range 5 {
