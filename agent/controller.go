@@ -50,6 +50,7 @@ func (a *Agent) Status() control.Status {
 			Leases: ev.Active, QueueDepth: s.QueueDepth, LastWakeMs: s.Lifecycle.LastWake.Milliseconds(),
 			Attempts: s.Lifecycle.Attempts,
 			Unit:     a.sup.UnitName(s.Spec), GPUs: a.gpusOf(s), Placement: a.placedWhy(m.Name()),
+			SleptWith: s.Slept,
 		}
 		fp := a.footprintOf(s)
 		row.Footprint, row.FootprintSource, row.FootprintFrom = fp.Bytes, fp.Source, fp.From

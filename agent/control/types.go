@@ -73,6 +73,9 @@ type ModelStatus struct {
 	// Placement saying why, with the figures.
 	GPUs      []int  `json:"gpus,omitempty"`
 	Placement string `json:"placement,omitempty"`
+	// SleptWith is the strategy a sleeping engine sleeps with: the level
+	// of the sleep ladder reached ("" when awake or unknown).
+	SleptWith string `json:"slept_with,omitempty"`
 	// RoomWaiting is how many requests wait for the model's wake to get
 	// GPU memory, and WaitingFor the holders of that memory.
 	RoomWaiting int    `json:"room_waiting,omitempty"`

@@ -76,6 +76,9 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 		if m.FootprintSource == "estimated" {
 			fmt.Fprintf(w, "%s: footprint %s estimated from %s (until measured)\n", m.Name, bytesStr(m.Footprint), m.FootprintFrom)
 		}
+		if m.SleptWith != "" && m.State == "sleeping" {
+			fmt.Fprintf(w, "%s: asleep with %s\n", m.Name, m.SleptWith)
+		}
 		if m.Placement != "" {
 			fmt.Fprintf(w, "%s: gpus chosen: %s\n", m.Name, m.Placement)
 		}

@@ -42,6 +42,9 @@ func TestLadder_LightSleepMovesToStop(t *testing.T) {
 			if !regexp.MustCompile(`msg="planner decision" model=m .*decision.reason=` + tc.reason).MatchString(n.Log()) {
 				t.Errorf("the log lacks the %s decision", tc.reason)
 			}
+			if s := statusOf(t, n, "m"); s.SleptWith != "stop" {
+				t.Errorf("status: slept_with %q, want stop", s.SleptWith)
+			}
 			logs, _ := n.Napctl("logs", "m")
 			if !regexp.MustCompile(`sleeping.*level=1`).MatchString(logs) {
 				t.Errorf("the engine did not record a level-1 sleep:\n%s", logs)
