@@ -934,3 +934,37 @@ func TestRetryAfterLearned(t *testing.T) {
 	r.m.Retire()
 	refused(as[2], "model_removed", request)
 }
+
+// The sleep ladder: a model asleep with vllm-l1 is put to sleep again with
+// stop (the state stays Sleeping, Slept records the level); a request
+// arriving meanwhile waits for that stop and then wakes the engine, and
+// Deepen does nothing to an awake model or one already at that level.
+func TestDeepenRecordsTheLevelAndWakesAfterIt(t *testing.T) {
+	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.Sleep = sleepmode.VLLML1 })
+	slept := r.operatorSleep()
+	if c := r.next("sleep"); c.strategy != sleepmode.VLLML1 {
+		t.Fatalf("sleep strategy %q", c.strategy)
+	} else {
+		c.reply <- nil
+	}
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+	r.until("asleep with vllm-l1", func(s Snapshot) bool { return s.Slept == sleepmode.VLLML1 })
+	r.m.Deepen(sleepmode.Stop, "deep-sleep")
+	deeper := r.next("sleep")
+	if deeper.strategy != sleepmode.Stop {
+		t.Fatalf("deeper strategy %q", deeper.strategy)
+	}
+	r.m.Deepen(sleepmode.Stop, "deep-sleep") // one in flight: no second call
+	a := r.admit(context.Background())
+	r.until("waking", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Waking })
+	r.noCall() // the wake waits for the stop (opMu)
+	deeper.reply <- nil
+	r.next("wake").reply <- nil
+	r.granted(a).Done(gateway.Outcome{})
+	r.expect(lifecycle.Awake)
+	r.until("awake: no level", func(s Snapshot) bool { return s.Slept == "" })
+	r.m.Deepen(sleepmode.Stop, "deep-sleep") // awake: nothing to do
+	r.noCall()
+}
