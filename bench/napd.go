@@ -213,14 +213,51 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
+// procSwitches is the context switches of all of pid's threads so far.
+func procSwitches(pid int) int64 {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	var n int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+				x, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				n += x
+			}
+		}
+	}
+	return n
+}
+
+// treeSwitches is procSwitches of pid and its children.
+func treeSwitches(pid int) int64 {
+	n := procSwitches(pid)
+	for _, c := range children(pid) {
+		n += procSwitches(c)
+	}
+	return n
+}
+
+// children are pid's child processes.
+func children(pid int) []int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	var pids []int
+	for _, c := range strings.Fields(string(b)) {
+		if k, err := strconv.Atoi(c); err == nil {
+			pids = append(pids, k)
+		}
+	}
+	return pids
+}
+
 // treeCPU is procCPU of pid and its children (nginx's workers).
 func treeCPU(pid int) time.Duration {
 	t := procCPU(pid)
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	for _, c := range strings.Fields(string(b)) {
-		if k, err := strconv.Atoi(c); err == nil {
-			t += procCPU(k)
-		}
+	for _, c := range children(pid) {
+		t += procCPU(c)
 	}
 	return t
 }

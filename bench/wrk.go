@@ -29,8 +29,10 @@ const (
 type wrkPath struct {
 	name string
 	url  string
-	// cpu, when set, is the CPU time the proxy of this path used so far.
-	cpu func() time.Duration
+	// cpu, when set, is the CPU time the proxy of this path used so far;
+	// switches, its threads' context switches so far.
+	cpu      func() time.Duration
+	switches func() int64
 }
 
 // wrkResult is one wrk run's figures.
@@ -39,6 +41,7 @@ type wrkResult struct {
 	median   time.Duration
 	requests int64
 	cpuPer   time.Duration // the proxy's CPU per request (0 = not measured)
+	switches float64       // the proxy's context switches per request
 }
 
 // wrkFigures are the median round of each path at 1 and 32 connections.
@@ -66,8 +69,9 @@ func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath) (wrkFigur
 		for _, conns := range []int{1, wrkConcurrent} {
 			for _, p := range paths {
 				var cpu0 time.Duration
+				var sw0 int64
 				if p.cpu != nil {
-					cpu0 = p.cpu()
+					cpu0, sw0 = p.cpu(), p.switches()
 				}
 				r, err := runWrk(ctx, p.url, bodyFile, conns, wrkDuration)
 				if err != nil {
@@ -75,6 +79,7 @@ func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath) (wrkFigur
 				}
 				if p.cpu != nil && r.requests > 0 {
 					r.cpuPer = (p.cpu() - cpu0) / time.Duration(r.requests)
+					r.switches = float64(p.switches()-sw0) / float64(r.requests)
 				}
 				key := fmt.Sprintf("%s/%d", p.name, conns)
 				rounds[key] = append(rounds[key], r)
@@ -248,21 +253,22 @@ func (r *report) wrkMarkdown(b *strings.Builder) {
 		fmt.Fprintf(b, "Not measured: %s. `scripts/bench-deps.sh` installs wrk and nginx-light.\n\n", f.skipped)
 		return
 	}
-	fmt.Fprintf(b, `| path | req/s at %d connections | × direct | median at 1 connection | added median | proxy CPU per request (at %d) |
-|---|---|---|---|---|---|
+	fmt.Fprintf(b, `| path | req/s at %d connections | × direct | median at 1 connection | added median | proxy CPU per request (at %d) | proxy thread switches per request |
+|---|---|---|---|---|---|---|
 `, wrkConcurrent, wrkConcurrent)
 	direct := f.one["direct"].median
 	directRPS := f.many["direct"].rps
 	for _, p := range f.paths {
 		one, many := f.one[p], f.many[p]
-		added, cpu := "—", ""
+		added, cpu, sw := "—", "", ""
 		if p != "direct" {
 			added = "+" + us(one.median-direct)
 		}
 		if many.cpuPer > 0 {
 			cpu = us(many.cpuPer)
+			sw = fmt.Sprintf("%.1f", many.switches)
 		}
-		fmt.Fprintf(b, "| %s | %.0f | %.2f | %s | %s | %s |\n", p, many.rps, many.rps/directRPS, us(one.median), added, cpu)
+		fmt.Fprintf(b, "| %s | %.0f | %.2f | %s | %s | %s | %s |\n", p, many.rps, many.rps/directRPS, us(one.median), added, cpu, sw)
 	}
 	napdOne, napdMany := f.one["napd"], f.many["napd"]
 	addedNapd := napdOne.median - direct
@@ -286,7 +292,9 @@ auto) proxies to the same engine through an upstream with keepalive 256 and
 HTTP/1.1, as a tuned nginx would. Proxy CPU per request: the proxy's user and
 system time from /proc/PID/stat over the run, divided by the requests wrk
 completed (10 ms ticks: over a %s run of thousands of requests, well
-resolved). Load average when this section started: %s.
+resolved). Thread switches: the voluntary and involuntary context switches
+of all the proxy's threads (/proc/PID/task/*/status; nginx: its workers),
+per request: each is a thread put to sleep or preempted and woken again. Load average when this section started: %s.
 
 `, wrkRounds, wrkDuration, wrkConcurrent, wrkDuration, f.load)
 	r.allocsMarkdown(b)
@@ -313,6 +321,13 @@ path), on the 2-core machine above:
   loop and read loop goroutines and back, and the Go scheduler's idle
   spinning and sysmon (about 12 % and 6 %) wake threads to run them.
   nginx runs the same proxy in one event loop per worker.
+- Syscalls per request (`+"`strace -c -f -p PID`"+` over a -c32 run): 2 writes
+  (one to each side, the least a proxy can do) but about 4.5 reads, 2.2
+  of them finding nothing (EAGAIN): net/http's server starts a background
+  read on the client connection after each request, and the transport's
+  read loop parks on the netpoller before the engine's answer is there;
+  each such read parks a goroutine and costs an epoll round. Thread
+  switches per request are in the table above.
 - Until issue 17, each request cost two avoidable writes: every answer of
   known length started a timer goroutine that flushed its headers to the
   client in a write of their own (ReverseProxy with FlushInterval -1),
@@ -354,9 +369,10 @@ func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigure
 		defer ng.stop()
 		pid := ng.cmd.Process.Pid
 		paths = append(paths, wrkPath{name: "nginx", url: "http://" + ng.addr + "/v1/chat/completions",
-			cpu: func() time.Duration { return treeCPU(pid) }})
+			cpu: func() time.Duration { return treeCPU(pid) }, switches: func() int64 { return treeSwitches(pid) }})
 	}
-	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: n.cpu})
+	napdPid := n.cmd.Process.Pid
+	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: n.cpu, switches: func() int64 { return procSwitches(napdPid) }})
 	f, err := wrkCompare(ctx, body, paths)
 	f.nginx = why
 	return f, err
