@@ -321,7 +321,7 @@ path), on the 2-core machine above:
   loop and read loop goroutines and back, and the Go scheduler's idle
   spinning and sysmon (about 12 % and 6 %) wake threads to run them.
   nginx runs the same proxy in one event loop per worker.
-- Syscalls per request (`+"`strace -c -f -p PID`"+` over a -c32 run): 2 writes
+- Syscalls per request (` + "`strace -c -f -p PID`" + ` over a -c32 run): 2 writes
   (one to each side, the least a proxy can do) but about 4.5 reads, 2.2
   of them finding nothing (EAGAIN): net/http's server starts a background
   read on the client connection after each request, and the transport's
