@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 )
 
@@ -15,24 +13,13 @@ import (
 const maxProxyAllocs = 160
 
 func TestProxyAllocs(t *testing.T) {
-	direct, front := benchSetup(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"hello"}]}`)
-	})
-	const body = `{"model":"m1","prompt":"Say hello","max_tokens":8}`
+	direct, front := benchSetup(t, smallEngine)
 	client := &http.Client{Transport: benchTransport()}
 	defer client.CloseIdleConnections()
 	perRequest := func(url string) float64 {
 		send := func() {
-			resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
-			if err != nil {
+			if err := postSmall(client, url); err != nil {
 				t.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d", resp.StatusCode)
 			}
 		}
 		for range 20 { // connections, pools and caches

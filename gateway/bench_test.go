@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -40,16 +41,36 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 	return eng.URL, front.URL
 }
 
+// smallBody is the small non-streamed request of BenchmarkProxy and
+// TestProxyAllocs.
+const smallBody = `{"model":"m1","prompt":"Say hello","max_tokens":8}`
+
+// smallEngine answers smallBody as a minimal engine would.
+func smallEngine(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"hello"}]}`)
+}
+
+// postSmall sends smallBody to base's /v1/completions and reads the answer.
+func postSmall(client *http.Client, base string) error {
+	resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(smallBody))
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
 // BenchmarkProxy compares a small non-streamed request sent straight to a
 // loopback engine with the same request through the gateway; the
 // difference is the gateway's cost.
 func BenchmarkProxy(b *testing.B) {
-	direct, front := benchSetup(b, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"hello"}]}`)
-	})
-	const body = `{"model":"m1","prompt":"Say hello","max_tokens":8}`
+	direct, front := benchSetup(b, smallEngine)
 	for _, c := range []struct{ name, url string }{
 		{"direct", direct},
 		{"gateway", front},
@@ -60,15 +81,8 @@ func BenchmarkProxy(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					resp, err := client.Post(c.url+"/v1/completions", "application/json", strings.NewReader(body))
-					if err != nil {
+					if err := postSmall(client, c.url); err != nil {
 						b.Error(err)
-						return
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						b.Errorf("status %d", resp.StatusCode)
 						return
 					}
 				}
