@@ -13,17 +13,21 @@ import (
 )
 
 // roomPoll is how often waiting wakes are planned again while any waits:
-// memory coming back is seen by measuring, not announced. While an engine
-// is stopping (or just stopped) a refusal is confirmed by a second round
-// roomConfirm later: the GPU's process list and the engines' are not read
-// at one instant, and an engine that is exiting can look, for one round,
-// like memory of a process napd does not manage.
+// memory coming back is seen by measuring, not announced. A refusal stands
+// only on a measurement that began roomSettle after every engine stop (else
+// napd measures again roomConfirm later): the GPU's process list
+// and the engines' are not read at one instant, and an engine that is
+// exiting (or whose memory the driver has not yet given back) can look like
+// memory of a process napd does not manage. On a busy machine a probe can
+// take longer than the stop, so the measurement's start is what counts,
+// not the time the plan is read.
 // A holder asked to sleep for a waiting wake is asked again after
 // roomReask if the plan still wants it (the lifecycle may have declined:
 // its engine reported work a moment before).
 const (
 	roomPoll    = 250 * time.Millisecond
 	roomConfirm = 100 * time.Millisecond
+	roomSettle  = time.Second
 	roomReask   = 5 * time.Second
 )
 
@@ -49,7 +53,6 @@ type roomWait struct {
 	holders []planner.Holder     // what it waits for, as last planned
 	told    string               // the message last told
 	acted   map[string]time.Time // holders asked to sleep for it (model/reason), and when
-	refused bool                 // the last round refused it: the next one confirms
 }
 
 func newRoom() *room {
@@ -210,15 +213,16 @@ func (a *Agent) roomRound(ctx context.Context) time.Duration {
 			a.log.Debug("room for a wake", "model", t.Model, "why", t.Message)
 			a.answerRoom(t.Model, w, nil)
 		case planner.RoomRefused:
-			if !w.refused && a.inFlux(reg) {
-				w.refused, next = true, roomConfirm
+			if a.inFlux(reg, ms.at) { // not a reading to refuse on: measure again
+				if next == 0 || next > roomConfirm {
+					next = roomConfirm
+				}
 				continue
 			}
 			a.log.Warn("wake refused: not enough GPU memory", "model", t.Model, "why", t.Message, "retry_after", t.RetryAfter)
 			a.answerRoom(t.Model, w, &gateway.Refusal{Status: http.StatusServiceUnavailable,
 				Code: "insufficient_gpu_memory", Message: t.Message, RetryAfter: t.RetryAfter})
 		default: // RoomWait, or RoomExpired: its requests leave on their own deadlines
-			w.refused = false
 			if next == 0 {
 				next = roomPoll
 			}
@@ -238,16 +242,16 @@ func (a *Agent) roomRound(ctx context.Context) time.Duration {
 	return next
 }
 
-// inFlux reports an engine stopping, or one that stopped serving within
-// the last second: a measurement now may catch it half gone.
-func (a *Agent) inFlux(reg *registry) bool {
-	now := a.clock()
+// inFlux reports whether a measurement that began at measured may catch an
+// engine half gone: one is draining or stopping, or one stopped serving
+// less than roomSettle before the measurement began.
+func (a *Agent) inFlux(reg *registry, measured time.Time) bool {
 	for _, m := range reg.list {
 		lc := m.Snapshot().Lifecycle
 		switch {
 		case lc.State == lifecycle.Draining:
 			return true
-		case lc.State != lifecycle.Waking && !lc.State.Serving() && now.Sub(lc.Since) < time.Second:
+		case lc.State != lifecycle.Waking && !lc.State.Serving() && measured.Sub(lc.Since) < roomSettle:
 			return true
 		}
 	}
