@@ -94,36 +94,9 @@ func (r pathRules) refused(method, p string) bool {
 
 func matchAny(rules []pathRule, method, p string) bool {
 	for _, rule := range rules {
-		if (rule.method == "" || rule.method == method) && globMatch(rule.pattern, p) {
+		if (rule.method == "" || rule.method == method) && glob(rule.pattern, p) {
 			return true
 		}
 	}
 	return false
-}
-
-// globMatch matches s against pattern, where `*` is any run of characters
-// ('/' included) and everything else is literal. It backtracks only to the
-// last star, so a long path costs time linear in its length per literal.
-func globMatch(pattern, s string) bool {
-	p, i := 0, 0
-	star, mark := -1, 0
-	for i < len(s) {
-		switch {
-		case p < len(pattern) && pattern[p] == '*':
-			star, mark = p, i
-			p++
-		case p < len(pattern) && pattern[p] == s[i]:
-			p++
-			i++
-		case star >= 0:
-			mark++
-			p, i = star+1, mark
-		default:
-			return false
-		}
-	}
-	for p < len(pattern) && pattern[p] == '*' {
-		p++
-	}
-	return p == len(pattern)
 }
