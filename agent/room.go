@@ -243,15 +243,14 @@ func (a *Agent) roomRound(ctx context.Context) time.Duration {
 }
 
 // inFlux reports whether a measurement that began at measured may catch an
-// engine half gone: one is draining or stopping, or one stopped serving
-// less than roomSettle before the measurement began.
+// engine half gone: one is draining, or one gave its memory back (a sleep,
+// a stop, an exit) less than roomSettle before the measurement began or
+// after it. The model's state does not tell: a holder that yielded may be
+// waking again for its own queued requests by the time the plan is read.
 func (a *Agent) inFlux(reg *registry, measured time.Time) bool {
 	for _, m := range reg.list {
-		lc := m.Snapshot().Lifecycle
-		switch {
-		case lc.State == lifecycle.Draining:
-			return true
-		case lc.State != lifecycle.Waking && !lc.State.Serving() && measured.Sub(lc.Since) < roomSettle:
+		s := m.Snapshot()
+		if s.Lifecycle.State == lifecycle.Draining || (!s.Freed.IsZero() && measured.Sub(s.Freed) < roomSettle) {
 			return true
 		}
 	}

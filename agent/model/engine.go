@@ -143,6 +143,7 @@ func (m *Model) stopEngine(spec supervisor.Spec) {
 	if err := m.d.Supervisor.Sleep(ctx, spec, sleepmode.Stop); err != nil {
 		m.log.Warn("stopping the engine", "err", err)
 	}
+	m.do(func() { m.freed = m.now() })
 }
 
 // noRoom handles a wake that does not go ahead for want of GPU memory: not
@@ -195,7 +196,7 @@ func (m *Model) sleepDone(op lifecycle.Op, req lifecycle.SleepRequest, strategy 
 	draining := m.machine.Snapshot().State == lifecycle.Draining
 	d := m.machine.SleepDone(m.now(), op, err, m.evidence())
 	if err == nil {
-		m.slept = strategy
+		m.slept, m.freed = strategy, m.now()
 		m.eng.retire() // asleep: the next wake makes a new instance
 		m.d.Metrics.Sleeps.WithLabelValues(m.name, sleepLabel(req)).Inc()
 		m.emit(control.Event{Kind: "sleep", Reason: req.Reason.String() + ", strategy " + strategy})
@@ -240,7 +241,7 @@ func (m *Model) Deepen(strategy, cause string) {
 					return
 				}
 				if m.machine.Snapshot().State == lifecycle.Sleeping && m.slept == from {
-					m.slept = strategy
+					m.slept, m.freed = strategy, m.now()
 					m.d.Metrics.Sleeps.WithLabelValues(m.name, cause).Inc()
 					m.emit(control.Event{Kind: "sleep", Reason: cause + ", strategy " + strategy + " (from " + from + ")"})
 				}

@@ -435,11 +435,20 @@ func TestDrainThenSleep(t *testing.T) {
 	if c.strategy != sleepmode.Stop || c.spec.Port != 8001 {
 		t.Errorf("sleep call %q on port %d", c.strategy, c.spec.Port)
 	}
+	if f := r.m.Snapshot().Freed; !f.IsZero() {
+		t.Errorf("freed at %v before the engine slept", f)
+	}
+	r.clock.Advance(time.Second)
 	c.reply <- nil
 	if err := <-slept; err != nil {
 		t.Fatalf("operator sleep: %v", err)
 	}
 	r.expect(lifecycle.Sleeping)
+	// The make-room desk reads this to know a GPU reading may still show
+	// the engine's memory.
+	if f := r.m.Snapshot().Freed; !f.Equal(r.clock.Now()) {
+		t.Errorf("freed at %v, want the sleep's end %v", f, r.clock.Now())
+	}
 }
 
 // A request that arrives during a drain cancels it (arrival_while_draining
@@ -504,6 +513,9 @@ func TestEngineExitDuringRequests(t *testing.T) {
 	r.m.EngineExited("exit status 1", r.clock.Now())
 	wake := r.next("wake")
 	r.expect(lifecycle.Waking)
+	if f := r.m.Snapshot().Freed; !f.Equal(r.clock.Now()) {
+		t.Errorf("freed at %v, want the exit %v", f, r.clock.Now())
+	}
 	next := r.admit(context.Background())
 	r.until("queued for the wake", func(s Snapshot) bool { return s.QueueDepth == 1 })
 	r.m.EngineExited("old instance", before) // dated before the wake: old news

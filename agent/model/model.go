@@ -137,6 +137,7 @@ type Model struct {
 	probing  bool               // a probe is in flight
 	progress Progress           // the reading of the last probe
 	slept    string             // the strategy the engine sleeps with ("" = awake or unknown)
+	freed    time.Time          // when the engine last gave its GPU memory back: a sleep, a stop, an exit
 	deeper   bool               // a move down the sleep ladder is in flight
 }
 
@@ -195,6 +196,10 @@ type Snapshot struct {
 	// or unknown (found asleep at start): the level of the sleep ladder
 	// reached.
 	Slept string
+	// Freed is when the engine last gave its GPU memory back (a sleep, a
+	// stop, an exit; zero before any): a GPU reading from about then may
+	// still show that memory, held by a process napd no longer knows.
+	Freed time.Time
 }
 
 // New returns the model for cfg, whose engine is started with spec. Its
@@ -405,6 +410,7 @@ func (m *Model) engineExited(reason string, at time.Time) {
 		return
 	}
 	m.eng.retire()
+	m.freed = m.now()
 	m.apply(m.machine.EngineExited(m.now(), reason, m.evidence()), nil)
 	m.publish()
 }
@@ -444,6 +450,7 @@ func (m *Model) publish() {
 		QueueDepth: len(m.queue), Active: m.active, LastUsed: m.lastUsed,
 		Learned: m.learned(),
 		Slept:   m.slept,
+		Freed:   m.freed,
 	}
 	if len(m.queue) > 0 {
 		s.Oldest, s.Deadline = m.queue[0].arrived, m.queue[0].deadline

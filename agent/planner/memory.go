@@ -5,15 +5,26 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/napd/napd/sleepmode"
 )
 
 // toLoad is what m still has to allocate on GPU g to be awake: its
-// footprint's share less what its processes already hold there.
+// footprint's share less what its engine already holds there.
 func (m *Model) toLoad(g int) int64 {
 	if m.Footprint <= 0 || !slices.Contains(m.GPUs, g) {
 		return 0
 	}
-	return max(ceilDiv(m.Footprint, int64(len(m.GPUs)))-m.GPUBytes[g], 0)
+	return max(ceilDiv(m.Footprint, int64(len(m.GPUs)))-m.live(g), 0)
+}
+
+// live is what m's engine holds on GPU g that a wake reuses: nothing once
+// the engine is stopped, whatever a reading still shows.
+func (m *Model) live(g int) int64 {
+	if m.Slept == sleepmode.Stop {
+		return 0
+	}
+	return m.GPUBytes[g]
 }
 
 // relieve subtracts what putting m to sleep frees from the GPUs still short

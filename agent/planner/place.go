@@ -52,7 +52,7 @@ func Place(in Input, model string, count int, last []int) Placement {
 	headroom := func(set []int) (worst int64, per map[int]int64) {
 		per = make(map[int]int64, len(set))
 		for i, g := range set {
-			per[g] = r.now[g] - max(share-m.GPUBytes[g], 0)
+			per[g] = r.now[g] - max(share-m.live(g), 0)
 			if i == 0 || per[g] < worst {
 				worst = per[g]
 			}

@@ -370,7 +370,7 @@ func (r *roomPlanner) never(w *Model, need map[int]int64) ([]Holder, string, boo
 	for _, g := range slices.Sorted(maps.Keys(need)) {
 		dev, _ := r.in.gpuOf(g)
 		reserve := r.in.Pressure.GPUReserve
-		room := dev.Total - reserve - w.GPUBytes[g]
+		room := dev.Total - reserve - w.live(g)
 		var fixed []Holder
 		owned := w.GPUBytes[g]
 		for _, m := range r.byLRU {

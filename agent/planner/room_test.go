@@ -180,6 +180,19 @@ func TestPlanRoom_Rules(t *testing.T) {
 			sleeps: []want{{"a", ActionSleep, "stop", ReasonYield}},
 		},
 		{
+			// A busy holder yielded (its engine stopped) and wakes again for
+			// the requests queued during the yield; the reading, taken as
+			// the engine exited, still shows its memory.
+			name: "a stopped engine's memory still read is not its own: the holder that yielded waits its turn",
+			in: box1(waiting("b", 16*GiB),
+				waiting("a", 16*GiB, holds(map[int]int64{0: 16 * GiB}), func(m *Model) { m.Slept = sleepmode.Stop })),
+			waiters: []Waiter{since("b", 3*time.Second), since("a", 0)},
+			turns: map[string]turnWant{
+				"b": {verdict: RoomWait},
+				"a": {verdict: RoomWait, holders: "ahead b (16.0 GiB)"},
+			},
+		},
+		{
 			name: "free memory is promised to the waiter ahead, not taken by a later one",
 			in: box1(waiting("big", 22*GiB), waiting("small", 4*GiB),
 				model("a", holds(map[int]int64{0: 18 * GiB}), leases(1), yieldAfter(time.Minute))),
