@@ -9,9 +9,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/napd/napd/internal/h1"
 )
 
-// benchTransport is tuned like the agent's per-engine transports.
+// benchTransport is the clients' transport.
 func benchTransport() *http.Transport {
 	return &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256, DisableCompression: true}
 }
@@ -22,7 +24,7 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 	eng := httptest.NewServer(engine)
 	b.Cleanup(eng.Close)
 	models := newFakeModels(b, eng.URL)
-	models.transport = benchTransport()
+	models.transport = &h1.Transport{} // as the agent's per-engine links
 	models.done = make(chan Outcome, 1)
 	drain := make(chan struct{})
 	b.Cleanup(func() { close(drain) })

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/internal/h1"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -43,17 +44,19 @@ func (m *Model) newLink(cfg *config.Model) Link {
 // check), whatever the request's own deadline.
 const connectTimeout = 5 * time.Second
 
-// httpLink gives each engine instance its own tuned transport on loopback,
-// so no connection outlives the instance it was made to.
+// httpLink gives each engine instance its own pool of connections on
+// loopback, so no connection outlives the instance it was made to. The
+// requests are written and answered on the caller's goroutine (package
+// h1): net/http's Transport would hand each to a connection's read and
+// write loops and back.
 type httpLink struct{}
 
 func newHTTPLink() httpLink { return httpLink{} }
 
 func (httpLink) Transport(gone func() bool) http.RoundTripper {
 	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
-	return &http.Transport{
-		Proxy: nil, // loopback: never through a proxy
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return &h1.Transport{
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if gone() {
 				return nil, instanceGone(network, addr)
 			}
@@ -64,11 +67,8 @@ func (httpLink) Transport(gone func() bool) http.RoundTripper {
 			}
 			return conn, err
 		},
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 0, // the request's deadline governs
-		ForceAttemptHTTP2:     false,
+		MaxIdle:     1024,
+		IdleTimeout: 90 * time.Second,
 	}
 }
 

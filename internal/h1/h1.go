@@ -1,0 +1,462 @@
+// Package h1 is napd's HTTP/1.1 client to one engine on loopback: the
+// request is written and the answer read on the caller's goroutine, over
+// pooled keep-alive connections, with no goroutine per connection.
+//
+// net/http's Transport gives every connection a read loop and a write
+// loop goroutine and hands each request to them and back; on a proxy's
+// hot path those hand-offs, and the read loop's read that parks before
+// the answer is there, cost more than the forwarding itself
+// (docs/bench.md). Requests it does not do as well as net/http's
+// Transport go to one: a body that streams in (unknown length, or not in
+// memory) and protocol upgrades.
+package h1
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Defaults for a Transport's zero fields.
+const (
+	defaultMaxIdle     = 1024
+	defaultIdleTimeout = 90 * time.Second
+	// probeAfter: a connection idle this long is checked before reuse (a
+	// non-blocking peek). An engine closes idle keep-alive connections
+	// after seconds (uvicorn and cpp-httplib: 5 s), never this soon, so a
+	// connection reused within it needs no check.
+	probeAfter = 250 * time.Millisecond
+	// inline bounds a body sent in the head's write.
+	inline = 64 << 10
+)
+
+// Transport is an http.RoundTripper to engines over HTTP/1.1 on plain
+// TCP. Its zero value works with net.Dialer's defaults.
+type Transport struct {
+	// Dial opens a connection; nil is a plain net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// MaxIdle bounds the idle connections kept (0: 1024); IdleTimeout is
+	// how long one is kept (0: 90 s).
+	MaxIdle     int
+	IdleTimeout time.Duration
+	// Fallback carries what this transport does not; nil: one made from
+	// Dial on first use.
+	Fallback http.RoundTripper
+
+	mu       sync.Mutex
+	idle     []*conn // most recently used last
+	fallback http.RoundTripper
+	clock    func() time.Time // nil: time.Now; tests set it
+}
+
+func (t *Transport) now() time.Time {
+	if t.clock != nil {
+		return t.clock()
+	}
+	return time.Now()
+}
+
+// conn is one keep-alive connection. Only the request holding it uses it.
+type conn struct {
+	nc    net.Conn
+	br    *bufio.Reader
+	used  time.Time // when it was put back idle
+	reuse bool      // it served a request before
+}
+
+// errNothingWritten marks a failure to send on a reused connection before
+// any byte of the request went out: safe to try once on a fresh one.
+var errNothingWritten = errors.New("h1: nothing written")
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !t.handles(req) {
+		return t.fallbackFor().RoundTrip(req)
+	}
+	for try := 0; ; try++ {
+		c, err := t.get(req.Context(), req.URL.Host)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := t.send(c, req)
+		if err == nil {
+			return resp, nil
+		}
+		if errors.Is(err, errNothingWritten) && c.reuse && try == 0 && req.Context().Err() == nil {
+			if req.Body != nil && req.Body != http.NoBody {
+				body, gerr := req.GetBody()
+				if gerr != nil {
+					return nil, gerr
+				}
+				r := *req
+				r.Body = body
+				req = &r
+			}
+			continue
+		}
+		if cerr := req.Context().Err(); cerr != nil {
+			return nil, cerr
+		}
+		return nil, err
+	}
+}
+
+// handles reports whether req goes over this transport's own connections:
+// plain HTTP, a body of known length in memory (GetBody) or none, and no
+// protocol upgrade.
+func (t *Transport) handles(req *http.Request) bool {
+	if req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" || req.Close {
+		return false
+	}
+	if req.Body == nil || req.Body == http.NoBody {
+		return true
+	}
+	return req.GetBody != nil && req.ContentLength > 0
+}
+
+func (t *Transport) fallbackFor() http.RoundTripper {
+	if t.Fallback != nil {
+		return t.Fallback
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.fallback == nil {
+		t.fallback = &http.Transport{
+			Proxy:               nil,
+			DialContext:         t.dial,
+			MaxIdleConns:        t.maxIdle(),
+			MaxIdleConnsPerHost: t.maxIdle(),
+			IdleConnTimeout:     t.idleTimeout(),
+			DisableCompression:  true,
+		}
+	}
+	return t.fallback
+}
+
+func (t *Transport) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if t.Dial != nil {
+		return t.Dial(ctx, network, addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
+func (t *Transport) maxIdle() int {
+	if t.MaxIdle > 0 {
+		return t.MaxIdle
+	}
+	return defaultMaxIdle
+}
+
+func (t *Transport) idleTimeout() time.Duration {
+	if t.IdleTimeout > 0 {
+		return t.IdleTimeout
+	}
+	return defaultIdleTimeout
+}
+
+// get returns an idle connection to addr that is still open, or a new one.
+// Every connection of a Transport goes to one engine, so addr only matters
+// for dialing.
+func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
+	now := t.now()
+	for {
+		t.mu.Lock()
+		n := len(t.idle)
+		if n == 0 {
+			t.mu.Unlock()
+			break
+		}
+		c := t.idle[n-1]
+		t.idle[n-1] = nil
+		t.idle = t.idle[:n-1]
+		t.mu.Unlock()
+		idle := now.Sub(c.used)
+		if idle < probeAfter || (idle < t.idleTimeout() && open(c.nc)) {
+			return c, nil
+		}
+		c.nc.Close()
+	}
+	nc, err := t.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{nc: nc, br: bufio.NewReaderSize(nc, 4<<10)}, nil
+}
+
+// put keeps c for the next request, or closes it when enough are kept.
+func (t *Transport) put(c *conn) {
+	c.used, c.reuse = t.now(), true
+	t.mu.Lock()
+	if len(t.idle) < t.maxIdle() {
+		t.idle = append(t.idle, c)
+		c = nil
+	}
+	t.mu.Unlock()
+	if c != nil {
+		c.nc.Close()
+	}
+}
+
+// CloseIdleConnections closes the connections kept idle, and the
+// fallback's.
+func (t *Transport) CloseIdleConnections() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	fb := t.fallback
+	t.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
+	if fb, ok := fb.(interface{ CloseIdleConnections() }); ok {
+		fb.CloseIdleConnections()
+	}
+	if fb, ok := t.Fallback.(interface{ CloseIdleConnections() }); ok {
+		fb.CloseIdleConnections()
+	}
+}
+
+// open reports whether an idle connection is still open: nothing to read
+// (a peek that would block). A closed one reads EOF; one with bytes
+// waiting is out of step and is not reused either.
+func open(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	var b [1]byte
+	cerr := rc.Read(func(fd uintptr) bool {
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		alive = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+		return true // never wait: the answer is now
+	})
+	return cerr == nil && alive
+}
+
+// stopped is a time long past: a deadline set to it fails the blocked
+// read or write at once.
+var stopped = time.Unix(1, 0)
+
+// heads are the buffers requests' heads and small bodies are written from.
+var heads = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// send writes req on c and reads the answer's head. On error c is closed.
+func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	if err := ctx.Err(); err != nil {
+		t.discard(c)
+		return nil, err
+	}
+	// A cancelled request (client gone, deadline) unblocks whatever read
+	// or write it waits in; the connection is not reused after.
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(stopped) })
+	bp := heads.Get().(*[]byte)
+	buf, err := appendHead((*bp)[:0], req)
+	if err == nil && req.ContentLength > 0 && req.ContentLength <= inline {
+		buf, err = appendBody(buf, req.Body, req.ContentLength)
+	}
+	if err != nil {
+		*bp = buf[:0]
+		heads.Put(bp)
+		stop()
+		t.discard(c)
+		return nil, fmt.Errorf("h1: %w", err)
+	}
+	n, err := c.nc.Write(buf)
+	*bp = buf[:0]
+	heads.Put(bp)
+	if err == nil && req.ContentLength > inline {
+		_, err = io.CopyN(c.nc, req.Body, req.ContentLength)
+	}
+	if err != nil {
+		stop()
+		t.discard(c)
+		if n == 0 {
+			return nil, fmt.Errorf("%w: %w", errNothingWritten, err)
+		}
+		return nil, err
+	}
+	var resp *http.Response
+	for {
+		resp, err = http.ReadResponse(c.br, req)
+		if err != nil {
+			stop()
+			t.discard(c)
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF // the engine closed before answering
+			}
+			return nil, err
+		}
+		// 1xx answers other than 101 are interim; the final one follows.
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+	}
+	resp.Body = &body{rc: resp.Body, t: t, c: c, stop: stop, ctx: ctx,
+		keep: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols}
+	return resp, nil
+}
+
+func (t *Transport) discard(c *conn) { c.nc.Close() }
+
+// appendHead appends req's request line and header as HTTP/1.1.
+func appendHead(b []byte, req *http.Request) ([]byte, error) {
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	uri := req.URL.RequestURI()
+	if !validName(req.Method) || !printable(uri) || !printable(host) {
+		return b, fmt.Errorf("invalid request line %q %q (host %q)", req.Method, uri, host)
+	}
+	b = append(b, req.Method...)
+	b = append(b, ' ')
+	b = append(b, uri...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\n"...)
+	for k, vs := range req.Header {
+		switch k {
+		case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Trailer":
+			continue
+		}
+		if !validName(k) {
+			return b, fmt.Errorf("invalid header name %q", k)
+		}
+		for _, v := range vs {
+			if v == "" && k == "User-Agent" {
+				continue // ReverseProxy's way of saying "send none"
+			}
+			if !validValue(v) {
+				return b, fmt.Errorf("invalid value for header %s", k)
+			}
+			b = append(b, k...)
+			b = append(b, ": "...)
+			b = append(b, v...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	switch {
+	case req.ContentLength > 0:
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, req.ContentLength, 10)
+		b = append(b, "\r\n"...)
+	case req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch:
+		b = append(b, "Content-Length: 0\r\n"...)
+	}
+	return append(b, "\r\n"...), nil
+}
+
+// printable: no space or control character, which would end or split
+// the request line.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] == 0x7f {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// validValue: a header value of visible characters, spaces and tabs
+// (RFC 9110's field-value), nothing that would end the line.
+func validValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validName: a header name or a method is a token (RFC 9110).
+func validName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// appendBody appends the n bytes of r.
+func appendBody(b []byte, r io.Reader, n int64) ([]byte, error) {
+	start := len(b)
+	b = append(b, make([]byte, n)...)
+	if _, err := io.ReadFull(r, b[start:]); err != nil {
+		return b, fmt.Errorf("request body: %w", err)
+	}
+	return b, nil
+}
+
+// body is an answer's body: at its end the connection goes back to the
+// pool, if it can be reused; closed before its end, it is closed.
+type body struct {
+	rc   io.ReadCloser
+	t    *Transport
+	c    *conn
+	stop func() bool
+	ctx  context.Context
+	keep bool // the connection may serve another request after this answer
+	done bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		b.finish(true)
+	case err != nil:
+		b.finish(false)
+		if cerr := b.ctx.Err(); cerr != nil {
+			err = cerr // a cancelled request's read fails with its reason
+		}
+	}
+	return n, err
+}
+
+func (b *body) Close() error {
+	if !b.done {
+		// An answer with no body is at its end already.
+		b.finish(b.rc == http.NoBody)
+	}
+	return nil
+}
+
+// finish ends the answer: the connection is kept when the whole answer was
+// read, the engine did not ask to close it, nothing more came, and the
+// request was not cancelled meanwhile (its deadline may be set on it).
+func (b *body) finish(complete bool) {
+	b.done = true
+	if b.stop() && complete && b.keep && b.c.br.Buffered() == 0 {
+		_ = b.rc.Close()
+		b.t.put(b.c)
+		return
+	}
+	// Closed first: net/http's body would otherwise read the rest of an
+	// unfinished answer to its end.
+	b.t.discard(b.c)
+	_ = b.rc.Close()
+}
