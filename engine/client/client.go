@@ -87,8 +87,8 @@ func (s State) String() string {
 type DeadError struct {
 	Address string
 	Reason  string
-	// Unsent: the request was not sent (no session was up), so the worker
-	// never saw it.
+	// Unsent: the request was not sent (no session was up, or the session
+	// died before the request went out), so the worker never saw it.
 	Unsent bool
 }
 
@@ -247,14 +247,21 @@ func (c *Client) install(cn *conn) {
 	cn.start()
 }
 
-// lost is called once when cn dies: it reports and starts reconnecting.
-func (c *Client) lost(cn *conn, err *DeadError) {
+// detach is called once when cn dies, before its death is visible: a
+// request that sees the session dead then finds no session up, and is
+// refused unsent rather than handed the dead one.
+func (c *Client) detach(cn *conn) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.cur == cn {
 		c.cur = nil
 		c.up = make(chan struct{})
 	}
-	c.mu.Unlock()
+}
+
+// lost is called once when a session has died: it reports and starts
+// reconnecting.
+func (c *Client) lost(err *DeadError) {
 	c.log.Warn("engine session dead", "reason", err.Reason)
 	if c.opts.OnState != nil {
 		c.opts.OnState(Dead, err)

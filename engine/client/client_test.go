@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,7 +31,13 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(helperEnv); addr != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 		defer stop()
-		if err := engine.Serve(ctx, newWorker(), addr); err != nil {
+		w := newWorker()
+		go func() { // tell the test each body that reached the worker
+			for b := range w.received {
+				fmt.Printf("%s\n", b)
+			}
+		}()
+		if err := engine.Serve(ctx, w, addr); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -133,9 +140,12 @@ func serve(t *testing.T, addr string, w engine.Worker) {
 
 var fast = client.Options{HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 400 * time.Millisecond}
 
+// dial connects to a worker that may still be starting: a race-built helper
+// process (startHelper) can take many seconds to serve on a loaded machine,
+// so the bound is generous; it only costs time when the test fails.
 func dial(t *testing.T, addr string, opts client.Options) *client.Client {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := client.Dial(ctx, addr, opts)
 	if err != nil {
@@ -487,22 +497,34 @@ func TestRoundTrip_SilentWorkerIsDeclaredDead(t *testing.T) {
 	}
 }
 
-// startHelper runs the test binary as a worker process at addr.
-func startHelper(t *testing.T, addr string) *exec.Cmd {
+// startHelper runs the test binary as a worker process at addr. The
+// channel receives each request body that reached the worker.
+func startHelper(t *testing.T, addr string) (*exec.Cmd, <-chan string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+addr)
 	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	received := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			received <- sc.Text()
+		}
+	}()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return cmd
+	return cmd, received
 }
 
 func TestRoundTrip_WorkerKilledMidRequestFailsAtOnceAndReconnects(t *testing.T) {
 	addr := newAddr(t)
-	cmd := startHelper(t, addr)
+	cmd, received := startHelper(t, addr)
 	opts := client.Options{HeartbeatInterval: 100 * time.Millisecond, DeadAfter: time.Second}
 	c := dial(t, addr, opts)
 
@@ -511,7 +533,14 @@ func TestRoundTrip_WorkerKilledMidRequestFailsAtOnceAndReconnects(t *testing.T) 
 		_, err := c.RoundTrip(post(context.Background(), "slow"))
 		errc <- err
 	}()
-	time.Sleep(100 * time.Millisecond) // let the request reach the worker; not a timing assertion
+	select { // the worker has the request
+	case b := <-received:
+		if b != "slow" {
+			t.Fatalf("worker received %q", b)
+		}
+	case err := <-errc:
+		t.Fatalf("request failed before the worker had it: %v", err)
+	}
 	killed := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -526,8 +555,9 @@ func TestRoundTrip_WorkerKilledMidRequestFailsAtOnceAndReconnects(t *testing.T) 
 		t.Fatal("the in-flight request did not fail within the heartbeat bound")
 	}
 	t.Logf("in-flight request failed %v after kill -9", time.Since(killed))
-	// A request made while no session is up was never sent: it reads as a
-	// refused connection, which napd may hold for the next worker.
+	// A request made once the in-flight one has failed finds no session
+	// (the session is gone before its death shows): it was never sent, and
+	// reads as a refused connection, which napd may hold for the next worker.
 	if _, err := c.RoundTrip(post(context.Background(), "x")); !errors.As(err, new(*client.DeadError)) || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("request while down: got %v, want an unsent *DeadError", err)
 	}
@@ -535,7 +565,7 @@ func TestRoundTrip_WorkerKilledMidRequestFailsAtOnceAndReconnects(t *testing.T) 
 	// The worker comes back: the client reconnects by itself.
 	_ = cmd.Wait()
 	startHelper(t, addr)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a starting process, as in dial
 	defer cancel()
 	if r, err := c.Readiness(ctx); err != nil || r.State != engine.Ready {
 		t.Fatalf("after restart: %+v, %v", r, err)

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -62,6 +63,10 @@ func (cn *conn) start() {
 	go cn.heartbeat()
 }
 
+// errSessionDead is send's refusal on a session already declared dead:
+// nothing was written, so the worker cannot have seen the message.
+var errSessionDead = errors.New("session is dead")
+
 func (cn *conn) send(m wire.Message) error {
 	frame, err := wire.Encode(m)
 	if err != nil {
@@ -69,6 +74,11 @@ func (cn *conn) send(m wire.Message) error {
 	}
 	cn.sendMu.Lock()
 	defer cn.sendMu.Unlock()
+	select {
+	case <-cn.dead:
+		return errSessionDead
+	default:
+	}
 	return cn.sock.Send(zmq4.NewMsg(frame))
 }
 
@@ -76,10 +86,11 @@ func (cn *conn) send(m wire.Message) error {
 func (cn *conn) die(reason string) {
 	cn.dieOnce.Do(func() {
 		cn.deadErr = &DeadError{Address: cn.client.address, Reason: reason}
+		cn.client.detach(cn)
 		close(cn.dead)
 		cn.stop()
 		cn.sock.Close()
-		cn.client.lost(cn, cn.deadErr)
+		cn.client.lost(cn.deadErr)
 	})
 }
 

@@ -54,6 +54,11 @@ func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if err := cn.send(sub); err != nil {
 		cn.forget(id)
+		if errors.Is(err, errSessionDead) {
+			// The session died between current() and send: the
+			// request never went out, so it may be held or rerouted.
+			return nil, &DeadError{Address: c.address, Reason: cn.deadErr.Reason, Unsent: true}
+		}
 		cn.die("send: " + err.Error())
 		return nil, cn.deadErr
 	}
