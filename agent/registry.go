@@ -109,7 +109,7 @@ func (a *Agent) modelDeps() model.Deps {
 		Clock:         a.clock,
 		MakeRoom:      a.makeRoom,
 		WaitingFor:    a.room.waitingFor,
-		Idle:          a.room.poke,
+		Idle:          a.room.modelIdle,
 		Probe:         a.probeEngine,
 		Log:           a.log,
 		Ctx:           a.ctx,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/napd/napd/agent/lifecycle"
@@ -43,6 +44,9 @@ type room struct {
 	// waiting, not as loading.
 	loading map[string]bool
 	kick    chan struct{} // buffered 1: plan again now
+	// waiting is len(waits), readable without the mutex: a request's end
+	// asks for a round only while some wake waits.
+	waiting atomic.Int32
 }
 
 // roomWait is one wake waiting for memory.
@@ -68,6 +72,18 @@ func (r *room) poke() {
 	default:
 	}
 }
+
+// modelIdle is told when a model's last request ends: memory a wake waits
+// for may be free now. With nobody waiting there is nothing to plan, and
+// the request's path does not wake the desk's goroutine.
+func (r *room) modelIdle() {
+	if r.waiting.Load() > 0 {
+		r.poke()
+	}
+}
+
+// counted updates waiting after waits changed; r.mu is held.
+func (r *room) counted() { r.waiting.Store(int32(len(r.waits))) }
 
 // waitingFor returns what the model's wake waits for ("" if it does not
 // wait), for status and for the 504 of a request whose deadline ran out.
@@ -109,6 +125,7 @@ func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why stri
 	r := a.room
 	r.mu.Lock()
 	r.waits[name] = w
+	r.counted()
 	delete(r.loading, name)
 	r.mu.Unlock()
 	r.poke()
@@ -116,6 +133,7 @@ func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why stri
 		r.mu.Lock()
 		if r.waits[name] == w {
 			delete(r.waits, name)
+			r.counted()
 		}
 		r.mu.Unlock()
 	}()
@@ -269,6 +287,7 @@ func (a *Agent) answerRoom(model string, w *roomWait, err error) {
 	a.room.mu.Lock()
 	if a.room.waits[model] == w {
 		delete(a.room.waits, model)
+		a.room.counted()
 	}
 	if err == nil {
 		a.room.loading[model] = true
