@@ -32,6 +32,8 @@ import (
 func main() {
 	var ef engineFlags
 	engine := flag.Bool("engine", false, "run as the bench engine (napd starts it)")
+	goproxy := flag.String("goproxy", "", "run as the stock Go proxy listening on this address (the bench starts it)")
+	target := flag.String("target", "", "goproxy: the engine's URL")
 	flag.IntVar(&ef.port, "port", 0, "engine: port")
 	flag.DurationVar(&ef.startupDelay, "startup-delay", 0, "engine: time until /health turns 200")
 	flag.StringVar(&ef.readyFile, "ready-file", "", "engine: file to write the healthy moment to")
@@ -47,6 +49,13 @@ func main() {
 	flag.BoolVar(&o.swapsOnly, "swaps-only", false, "run only the swap workload and print its figures")
 	flag.BoolVar(&o.wrkOnly, "wrk-only", false, "run only the wrk comparison and print its figures")
 	flag.Parse()
+	if *goproxy != "" {
+		if err := runGoProxy(*goproxy, *target); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *engine {
 		if err := runEngine(ef); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -248,7 +248,7 @@ func (n *nginx) stop() {
 // wrkMarkdown renders the comparison.
 func (r *report) wrkMarkdown(b *strings.Builder) {
 	f := r.wrk
-	fmt.Fprintf(b, "## Proxy cost measured with wrk: direct, nginx, napd\n\n")
+	fmt.Fprintf(b, "## Proxy cost measured with wrk: direct, nginx, the stock Go proxy, napd\n\n")
 	if f.skipped != "" {
 		fmt.Fprintf(b, "Not measured: %s. `scripts/bench-deps.sh` installs wrk and nginx-light.\n\n", f.skipped)
 		return
@@ -289,7 +289,10 @@ them alike; each figure is the median round. wrk posts the small chat body
 of the table below ("max_tokens":4) to the minimal engine, with 1 thread at
 1 connection and 2 threads at %d. nginx (Debian's nginx-light, worker_processes
 auto) proxies to the same engine through an upstream with keepalive 256 and
-HTTP/1.1, as a tuned nginx would. Proxy CPU per request: the proxy's user and
+HTTP/1.1, as a tuned nginx would. Go ReverseProxy is the stock Go proxy
+(this program with -goproxy): net/http's server, httputil.ReverseProxy and
+net/http's Transport with keep-alive, nothing else; what napd costs beyond
+it is napd's own. Proxy CPU per request: the proxy's user and
 system time from /proc/PID/stat over the run, divided by the requests wrk
 completed (10 ms ticks: over a %s run of thousands of requests, well
 resolved). Thread switches: the voluntary and involuntary context switches
@@ -305,46 +308,51 @@ per request: each is a thread put to sleep or preempted and woken again. Load av
 // change from run to run, so it is written as it was found.
 const whereTimeGoes = `### Where napd's time goes
 
-Profiles of napd under wrk -c32 (` + "`perf record -g -p PID`" + ` on the running
-daemon; ` + "`go test -bench '^BenchmarkProxy$' -cpuprofile`" + ` on the gateway
-path), on the 2-core machine above:
+Profiles of napd under wrk (` + "`perf record -g -p PID`" + ` and ` + "`strace -c -f -p PID`" + `
+at -c32, a Go execution trace at -c1) on the 2-core machine above:
 
-- The per-model owner loop is not where the time goes: admission, grant
-  and end (` + "`Model.Admit`" + `, ` + "`arrive`" + `, ` + "`end`" + `, the lease tracker) take about
-  3 % of napd's CPU together. An admission that skips the loop would save
-  at most that, so it was not built; the loop stays the only writer of
-  the lifecycle and slot state.
-- Most of napd's CPU is the kernel's: socket writes and reads (two
-  connections per request against one for the engine) and thread
-  switches (` + "`finish_task_switch`" + ` alone about 16 %): net/http hands every
-  proxied request from the handler goroutine to the transport's write
-  loop and read loop goroutines and back, and the Go scheduler's idle
-  spinning and sysmon (about 12 % and 6 %) wake threads to run them.
-  nginx runs the same proxy in one event loop per worker.
-- Syscalls per request (` + "`strace -c -f -p PID`" + ` over a -c32 run): 2 writes
-  (one to each side, the least a proxy can do) but about 4.5 reads, 2.2
-  of them finding nothing (EAGAIN): net/http's server starts a background
-  read on the client connection after each request, and the transport's
-  read loop parks on the netpoller before the engine's answer is there;
-  each such read parks a goroutine and costs an epoll round. Thread
-  switches per request are in the table above.
-- Until issue 17, each request cost two avoidable writes: every answer of
-  known length started a timer goroutine that flushed its headers to the
-  client in a write of their own (ReverseProxy with FlushInterval -1),
-  and every request went to the engine as headers, then body, in two
-  writes (ReverseProxy wraps the body in a reader net/http does not know
-  is in memory). Both are gone (streams are still flushed per chunk);
-  in BenchmarkProxy the time per request through the gateway went from
-  about 4.6 to about 2.4 times the direct one.
-- Allocations: about 140 per request added by the gateway (table above),
-  nearly all inside net/http (header maps, request clone, contexts, the
-  transport's bookkeeping); the gateway's own parsing and usage scan are
-  a few percent of the CPU.
+- napd's own work is not where the time goes. The per-model owner loop
+  (admission, grant, end, the lease tracker) is about 3 % of its CPU, so
+  no admission bypassing the loop was built: the loop stays the only
+  writer of the lifecycle and slot state. With routing by the body's
+  model, API keys, leases, metrics and the usage scan on top, napd uses
+  less CPU per request than the stock Go proxy (the table above), and
+  its latency at one connection is the stock Go proxy's.
+- napd talks to engines with its own HTTP/1.1 client (package
+  ` + "`internal/h1`" + `): the request is written and the answer read on the
+  handler's goroutine, over pooled keep-alive connections. net/http's
+  Transport hands every request to a connection's write loop and read
+  loop goroutines and back, and its read loop parks on the netpoller
+  before each answer is there. Reads per request went from about 4.5 (2.2
+  finding nothing) to about 3.7 (1.6); writes stay at 2, one to each side,
+  the least a proxy can do. Streamed uploads and protocol upgrades still
+  go through net/http's Transport.
+- A request's end no longer wakes the make-room desk's goroutine when no
+  wake waits for memory (the -c1 trace showed that hand-off on every
+  request).
+- Before issue 17 each request also cost two avoidable writes: a timer
+  goroutine flushing the headers of every answer of known length in a
+  write of their own (ReverseProxy with FlushInterval -1), and the request
+  sent to the engine as headers, then body. Both are gone; streams are
+  still flushed per chunk.
+- What remains is Go's HTTP server and runtime on this virtual machine.
+  In the -c1 trace a request spends about 105 µs waiting for the engine
+  and about 180 µs in napd; each of the two socket writes takes about
+  20 µs (a loopback write runs the receiver's TCP path and wakes its idle
+  vCPU), net/http's server starts a goroutine per request to watch the
+  client's connection (its background read) and hands off to it at the
+  end, and each goroutine made runnable wakes an idle P's thread
+  (` + "`futex`" + ` and ` + "`finish_task_switch`" + ` lead the kernel profile). nginx
+  runs the same proxy in one event loop per worker with none of these.
+- Allocations: the gateway adds about 110 per request (table above; 138
+  before napd's own client), most of them in net/http's server and
+  ReverseProxy (header maps, the request clone, contexts).
 
-Closing the rest of the gap to nginx needs an HTTP/1.1 forwarder of napd's
-own to the engine (a pooled connection written and read on the
-handler's goroutine, no transport goroutines), keeping the reroute of
-refused connections, the upload and cut-answer handling; not built yet.
+Closing the rest of the gap to nginx needs napd's own HTTP/1.1 server
+loop for the gateway's hot path (no per-request goroutine, no
+background read, no request clone), keeping every behaviour net/http's
+server gives the gateway today (limits, timeouts, Expect, chunked
+uploads, connection accounting); not built.
 
 `
 
@@ -371,6 +379,14 @@ func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigure
 		paths = append(paths, wrkPath{name: "nginx", url: "http://" + ng.addr + "/v1/chat/completions",
 			cpu: func() time.Duration { return treeCPU(pid) }, switches: func() int64 { return treeSwitches(pid) }})
 	}
+	gp, err := startGoProxy(n.enginePort)
+	if err != nil {
+		return wrkFigures{}, err
+	}
+	defer gp.stop()
+	gpPid := gp.cmd.Process.Pid
+	paths = append(paths, wrkPath{name: "Go ReverseProxy", url: "http://" + gp.addr + "/v1/chat/completions",
+		cpu: func() time.Duration { return treeCPU(gpPid) }, switches: func() int64 { return procSwitches(gpPid) }})
 	napdPid := n.cmd.Process.Pid
 	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: n.cpu, switches: func() int64 { return procSwitches(napdPid) }})
 	f, err := wrkCompare(ctx, body, paths)
