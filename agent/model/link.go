@@ -69,6 +69,7 @@ func (httpLink) Transport(gone func() bool) http.RoundTripper {
 		},
 		MaxIdle:     1024,
 		IdleTimeout: 90 * time.Second,
+		Retired:     gone,
 	}
 }
 

@@ -51,6 +51,10 @@ type Transport struct {
 	// Fallback carries what this transport does not; nil: one made from
 	// Dial on first use.
 	Fallback http.RoundTripper
+	// Retired, when set and true, keeps no connection idle any more: the
+	// engine they reach has gone (connections of requests that were in
+	// flight then are closed as they end).
+	Retired func() bool
 
 	mu       sync.Mutex
 	idle     []*conn // most recently used last
@@ -197,7 +201,7 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 func (t *Transport) put(c *conn) {
 	c.used, c.reuse = t.now(), true
 	t.mu.Lock()
-	if len(t.idle) < t.maxIdle() {
+	if len(t.idle) < t.maxIdle() && (t.Retired == nil || !t.Retired()) {
 		t.idle = append(t.idle, c)
 		c = nil
 	}

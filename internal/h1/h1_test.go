@@ -458,3 +458,27 @@ func FuzzAppendHead(f *testing.F) {
 		}
 	})
 }
+
+// Once the engine's instance is retired, a request ending closes its
+// connection instead of keeping it idle.
+func TestRetiredKeepsNothing(t *testing.T) {
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "ok")
+	})
+	var retired atomic.Bool
+	tr := &Transport{Retired: retired.Load}
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "{}"))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "{}"))
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections before the retirement, want 1", n)
+	}
+	retired.Store(true)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "{}"))
+	tr.mu.Lock()
+	idle := len(tr.idle)
+	tr.mu.Unlock()
+	if idle != 0 {
+		t.Errorf("%d connections kept idle to a retired engine", idle)
+	}
+}
