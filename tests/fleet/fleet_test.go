@@ -234,6 +234,10 @@ func TestFleet(t *testing.T) {
 		f.waitServer(t, "napd_qwen", "host1", "DOWN (agent)", -1)
 		f.waitServer(t, "napd_qwen", "host1-wake", "DOWN (agent)", -1)
 		f.waitServer(t, "napd_qwen", "host2", "UP", 0)
+		// host2's wake server was draining in the test before: HAProxy must
+		// have seen it ready again (its agent check runs on its own
+		// interval, late on a busy machine).
+		f.waitServer(t, "napd_qwen", "host2-wake", "UP", -1)
 		// qwen is awake nowhere; host1 comes first but failed: host2 wakes it.
 		f.wantServedBy(t, "qwen", "host2-wake")
 		f.waitServer(t, "napd_qwen", "host2", "UP", 100)
