@@ -5,8 +5,9 @@
 // processes listen on it (so napd never forwards to a process that is not
 // the engine).
 //
-// The table comes from netlink sock_diag (github.com/vishvananda/netlink),
-// with /proc/net/tcp and /proc/net/tcp6 as the fallback. A socket's owner is
+// The table holds only the sockets in the states napd reads (wanted): it
+// comes from netlink sock_diag, which filters them in the kernel, with
+// /proc/net/tcp and /proc/net/tcp6 as the fallback. A socket's owner is
 // found through /proc/PID/fd, which needs the same uid or CAP_SYS_PTRACE: as
 // root napd names every process; otherwise an owner may stay unknown (PID 0)
 // while its uid is still known.
@@ -23,17 +24,37 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
-
-	"github.com/vishvananda/netlink"
 )
 
 // TCP states (include/net/tcp_states.h) that matter here.
 const (
 	StateEstablished uint8 = 0x01
 	StateTimeWait    uint8 = 0x06
+	StateCloseWait   uint8 = 0x08
 	StateListen      uint8 = 0x0A
 )
+
+// wanted is the set of states a Table holds, as the kernel's bit mask
+// (1 << state), each for a reader:
+//
+//   - LISTEN: who listens on an engine's port (Listening, Listeners; the
+//     supervisor's port check).
+//   - ESTABLISHED: a connection in use, both ends (Outside, Sent).
+//   - CLOSE_WAIT: the engine's end of a connection its client half-closed
+//     (shutdown after sending the request) while the engine still writes
+//     the answer: Sent counts it, so such a stream is progress. Outside
+//     does not: it counts presence, and most CLOSE_WAIT ends are of
+//     clients already gone, napd's own closed pooled connections among
+//     them (whose client end, orphaned, has no inode to tell it is napd's).
+//
+// Every other state is left out: SYN_SENT and SYN_RECV are handshakes
+// that are ESTABLISHED by the next reading; FIN_WAIT1/2, CLOSING,
+// LAST_ACK and TIME_WAIT are ends of connections that closed, and a busy
+// host has tens of thousands in TIME_WAIT (60 s after each connection a
+// client closed) that would cost every reading tens of milliseconds.
+const wanted = 1<<StateListen | 1<<StateEstablished | 1<<StateCloseWait
+
+func isWanted(state uint8) bool { return wanted&(1<<state) != 0 }
 
 // Socket is one row of the TCP table.
 type Socket struct {
@@ -42,7 +63,7 @@ type Socket struct {
 	State  uint8
 	UID    uint32
 	// Inode identifies the socket in /proc/PID/fd ("socket:[INODE]"); 0
-	// for a connection not yet accepted or one in TIME_WAIT.
+	// for a connection not yet accepted or one its process closed.
 	Inode uint64
 	// BytesAcked is what this end sent and the peer acknowledged
 	// (tcpi_bytes_acked); netlink only, 0 from /proc.
@@ -101,8 +122,8 @@ type Table struct {
 	self    map[uint64]bool    // napd's own socket inodes, read once
 }
 
-// Read takes the table: netlink sock_diag for IPv4 and IPv6, else (or when
-// it fails) /proc/net/tcp and /proc/net/tcp6.
+// Read takes the table of the wanted states: netlink sock_diag for IPv4 and
+// IPv6, else (or when it fails) /proc/net/tcp and /proc/net/tcp6.
 func (r Reader) Read() (*Table, error) {
 	t := &Table{r: r, owners: make(map[uint64]Process)}
 	if !r.NoNetlink {
@@ -128,49 +149,17 @@ func (r Reader) Read() (*Table, error) {
 			return nil, fmt.Errorf("socket table: %w", err)
 		}
 		found = true
-		t.Sockets = append(t.Sockets, socks...)
+		for _, s := range socks {
+			if isWanted(s.State) {
+				t.Sockets = append(t.Sockets, s)
+			}
+		}
 	}
 	if !found {
 		return nil, fmt.Errorf("socket table: %w", errors.Join(errs...))
 	}
 	t.Source = "/proc/net/tcp"
 	return t, nil
-}
-
-// readNetlink dumps both families. A dump the kernel interrupted (sockets
-// changed meanwhile) is read again once; a second failure falls back.
-func readNetlink() ([]Socket, error) {
-	var out []Socket
-	for _, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
-		socks, err := netlink.SocketDiagTCPInfo(family)
-		if errors.Is(err, netlink.ErrDumpInterrupted) {
-			socks, err = netlink.SocketDiagTCPInfo(family)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range socks {
-			s := r.InetDiagMsg
-			if s == nil {
-				continue
-			}
-			local, ok1 := netip.AddrFromSlice(s.ID.Source)
-			remote, ok2 := netip.AddrFromSlice(s.ID.Destination)
-			if !ok1 || !ok2 {
-				continue
-			}
-			sock := Socket{
-				Local:  netip.AddrPortFrom(local.Unmap(), s.ID.SourcePort),
-				Remote: netip.AddrPortFrom(remote.Unmap(), s.ID.DestinationPort),
-				State:  s.State, UID: s.UID, Inode: uint64(s.INode),
-			}
-			if r.TCPInfo != nil {
-				sock.BytesAcked = r.TCPInfo.Bytes_acked
-			}
-			out = append(out, sock)
-		}
-	}
-	return out, nil
 }
 
 // reachesLoopback reports whether a socket bound to a receives connections
@@ -285,16 +274,17 @@ func (t *Table) Outside(port int) ([]Peer, error) {
 // Conn names one connection: the engine's end and the client's.
 type Conn struct{ Local, Remote netip.AddrPort }
 
-// Sent is, for each established connection to port, what the engine's end
-// sent and had acknowledged: it grows only while the engine writes. nil
-// when the table came from /proc, which does not say.
+// Sent is, for each connection to port whose engine end can still send
+// (ESTABLISHED, or CLOSE_WAIT: the client half-closed), what the engine's
+// end sent and had acknowledged: it grows only while the engine writes.
+// nil when the table came from /proc, which does not say.
 func (t *Table) Sent(port int) map[Conn]uint64 {
 	if t.Source != "netlink" {
 		return nil
 	}
 	out := make(map[Conn]uint64)
 	for _, s := range t.Sockets {
-		if s.State == StateEstablished && int(s.Local.Port()) == port {
+		if (s.State == StateEstablished || s.State == StateCloseWait) && int(s.Local.Port()) == port {
 			out[Conn{s.Local, s.Remote}] = s.BytesAcked
 		}
 	}

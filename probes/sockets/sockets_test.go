@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -246,6 +248,74 @@ func TestReader_Live(t *testing.T) {
 	}
 }
 
+// The table holds the listener and both ends of an established
+// connection, but none of the TIME_WAIT sockets of connections a client
+// closed first: the kernel filters them out of the netlink dump, Read out
+// of /proc/net/tcp.
+func TestReader_LiveNoTimeWait(t *testing.T) {
+	port, client, server := connected(t)
+	clientEnd := client.LocalAddr().(*net.TCPAddr).AddrPort()
+	serverEnd := server.LocalAddr().(*net.TCPAddr).AddrPort()
+
+	closed := closeFirst(t, 5)
+	// The client ends reach TIME_WAIT once the server's FIN is
+	// acknowledged: wait until /proc/net/tcp, unfiltered, shows them all.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		n := 0
+		for _, s := range tcp4(t) {
+			if s.State == StateTimeWait && slices.Contains(closed, s.Local) {
+				n++
+			}
+		}
+		if n == len(closed) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d closed client ends in TIME_WAIT", n, len(closed))
+		}
+	}
+
+	for _, r := range []Reader{{}, {NoNetlink: true}} {
+		tab, err := r.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(strings.TrimPrefix(tab.Source, "/proc/net/"), func(t *testing.T) {
+			has := func(local netip.AddrPort, state uint8) bool {
+				return slices.ContainsFunc(tab.Sockets, func(s Socket) bool { return s.Local == local && s.State == state })
+			}
+			for _, s := range tab.Sockets {
+				if !isWanted(s.State) {
+					t.Errorf("socket in state %#x in the table: %+v", s.State, s)
+				}
+				if slices.Contains(closed, s.Local) {
+					t.Errorf("a closed connection's end in the table: %+v", s)
+				}
+			}
+			if !has(clientEnd, StateEstablished) || !has(serverEnd, StateEstablished) {
+				t.Errorf("the established connection %s-%s is missing", clientEnd, serverEnd)
+			}
+			if !tab.Listening(port) {
+				t.Error("the listener is missing")
+			}
+		})
+	}
+}
+
+// tcp4 is /proc/net/tcp, every state.
+func tcp4(t testing.TB) []Socket {
+	t.Helper()
+	data, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	socks, err := ParseProcNet(data, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return socks
+}
+
 func TestReader_LiveForeignListener(t *testing.T) {
 	pid, addr := helper(t, "listen", "")
 	tab, err := Reader{}.Read()
@@ -302,55 +372,168 @@ func TestMoved(t *testing.T) {
 // received: a stopped engine that reads nothing and writes nothing shows
 // no progress while its clients send.
 func TestTable_SentLive(t *testing.T) {
+	port, client, server := connected(t)
+	before := netlinkTable(t).Sent(port)
+	if len(before) != 1 {
+		t.Fatalf("Sent = %v, want one connection", before)
+	}
+	client.Write([]byte("GET /health HTTP/1.1\r\n\r\n")) // the engine does not read
+	if Moved(before, netlinkTable(t).Sent(port)) {
+		t.Error("bytes the client sent count as the engine's progress")
+	}
+	answerMoves(t, port, server, client, "data: tok\n\n", before)
+	if (&Table{Source: "/proc/net/tcp"}).Sent(port) != nil {
+		t.Error("/proc has no byte counts: Sent must be nil")
+	}
+}
+
+// A client that half-closes after its request leaves the engine's end in
+// CLOSE_WAIT while the engine writes the answer: Sent counts that as
+// progress, Outside does not count the connection as a client.
+func TestTable_SentHalfClosedLive(t *testing.T) {
+	port, client, server := connected(t)
+	client.Write([]byte("GET /v1/models HTTP/1.0\r\n\r\n"))
+	if err := client.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, server); err != nil { // to the client's FIN: CLOSE_WAIT
+		t.Fatal(err)
+	}
+	tab := netlinkTable(t)
+	before := tab.Sent(port)
+	if len(before) != 1 {
+		t.Fatalf("Sent = %v, want the half-closed connection", before)
+	}
+	if peers, err := tab.Outside(port); err != nil || len(peers) != 0 {
+		t.Errorf("Outside = %v, %v; want none: CLOSE_WAIT is no client in use", peers, err)
+	}
+	answerMoves(t, port, server, client, "HTTP/1.0 200 OK\r\n\r\n", before)
+}
+
+// connected opens a loopback listener and one connection to it, accepted;
+// all three close with the test.
+func connected(t *testing.T) (port int, client *net.TCPConn, server net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if client, err = net.DialTCP("tcp", nil, l.Addr().(*net.TCPAddr)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	if server, err = l.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return l.Addr().(*net.TCPAddr).Port, client, server
+}
+
+// netlinkTable reads the table, skipping the test where sock_diag is
+// refused (Sent needs its byte counts).
+func netlinkTable(t *testing.T) *Table {
+	t.Helper()
+	tab, err := Reader{}.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tab.Source != "netlink" {
+		t.Skip("no netlink sock_diag here")
+	}
+	return tab
+}
+
+// answerMoves has the engine's end write msg and the client read it, then
+// waits until Sent(port) moved from before: the client's kernel
+// acknowledges soon after (a delayed ACK at most).
+func answerMoves(t *testing.T, port int, server, client net.Conn, msg string, before map[Conn]uint64) {
+	t.Helper()
+	if _, err := server.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(client, make([]byte, len(msg))); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(10 * time.Second); !Moved(before, netlinkTable(t).Sent(port)); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the engine wrote, but Sent stays %v", before)
+		}
+	}
+}
+
+// closeFirst makes n loopback connections whose client end closes first,
+// so each client socket goes to TIME_WAIT for 60 s, and returns the
+// client ends' addresses. The server end reads to EOF, then closes.
+func closeFirst(t testing.TB, n int) []netip.AddrPort {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	client, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-	read := func() map[Conn]uint64 {
-		tab, err := Reader{}.Read()
+	served := make(chan error, 1)
+	go func() {
+		for range n {
+			c, err := l.Accept()
+			if err != nil {
+				served <- err
+				return
+			}
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+		served <- nil
+	}()
+	out := make([]netip.AddrPort, 0, n)
+	for range n {
+		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tab.Source != "netlink" {
-			t.Skip("no netlink sock_diag here")
-		}
-		return tab.Sent(port)
+		out = append(out, c.LocalAddr().(*net.TCPAddr).AddrPort())
+		c.Close()
 	}
-	before := read()
-	if len(before) != 1 {
-		t.Fatalf("Sent = %v, want one connection", before)
-	}
-	client.Write([]byte("GET /health HTTP/1.1\r\n\r\n")) // the engine does not read
-	if Moved(before, read()) {
-		t.Error("bytes the client sent count as the engine's progress")
-	}
-	if _, err := server.Write([]byte("data: tok\n\n")); err != nil {
+	if err := <-served; err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 11)
-	if _, err := io.ReadFull(client, buf); err != nil {
-		t.Fatal(err)
-	}
-	// The client's kernel acknowledges soon after (a delayed ACK at most).
-	for end := time.Now().Add(10 * time.Second); !Moved(before, read()); {
-		if time.Now().After(end) {
-			t.Fatalf("the engine wrote, but Sent stays %v", before)
+	return out
+}
+
+// timeWaits counts the IPv4 sockets in TIME_WAIT.
+func timeWaits(t testing.TB) int {
+	n := 0
+	for _, s := range tcp4(t) {
+		if s.State == StateTimeWait {
+			n++
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	if (&Table{Source: "/proc/net/tcp"}).Sent(port) != nil {
-		t.Error("/proc has no byte counts: Sent must be nil")
+	return n
+}
+
+// BenchmarkReader_Read reads a table beside 20,000 TIME_WAIT sockets (a
+// busy gateway host's: each closed client connection leaves one for 60 s).
+// Run it in a network namespace of its own (unshare -n, lo up) so other
+// processes' sockets do not count: at most 28,000 ephemeral ports.
+func BenchmarkReader_Read(b *testing.B) {
+	const want = 20000
+	// 10,000 to each listener: connect takes even ports first, and past
+	// those reuses its own TIME_WAIT ones to the same destination.
+	for n := want - timeWaits(b); n > 0; n -= 10000 {
+		closeFirst(b, min(n, 10000))
+	}
+	b.Logf("%d sockets in TIME_WAIT", timeWaits(b))
+	for _, r := range []Reader{{}, {NoNetlink: true}} {
+		name := "netlink"
+		if r.NoNetlink {
+			name = "proc"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := r.Read(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
