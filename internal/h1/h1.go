@@ -72,10 +72,25 @@ func (t *Transport) now() time.Time {
 // conn is one keep-alive connection. Only the request holding it uses it.
 type conn struct {
 	nc    net.Conn
+	lr    *limitedConn // under br: bounds the answer's head
 	br    *bufio.Reader
 	used  time.Time // when it was put back idle
 	reuse bool      // it served a request before
 }
+
+// maxHead bounds an answer's head, and maxInterim the interim (1xx)
+// answers before the final one, as net/http's Transport does (its
+// defaults: 10 MB, 5); an engine past them is broken, and its request
+// fails (502) rather than napd's memory or time.
+const (
+	maxHead    = 1 << 20
+	maxInterim = 5
+)
+
+var (
+	errHeadTooLarge = errors.New("h1: the engine's answer head is over 1 MiB")
+	errInterim      = errors.New("h1: the engine sent more than 5 interim (1xx) answers")
+)
 
 // errNothingWritten marks a failure to send on a reused connection before
 // any byte of the request went out: safe to try once on a fresh one.
@@ -194,7 +209,31 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn{nc: nc, br: bufio.NewReaderSize(nc, 4<<10)}, nil
+	c := &conn{nc: nc, lr: &limitedConn{Conn: nc, left: -1}}
+	c.br = bufio.NewReaderSize(c.lr, 4<<10)
+	return c, nil
+}
+
+// limitedConn fails reads past left bytes while left ≥ 0: an engine's
+// answer head may not grow without bound in napd's memory.
+type limitedConn struct {
+	net.Conn
+	left int64 // -1: no bound
+}
+
+func (l *limitedConn) Read(p []byte) (int, error) {
+	if l.left < 0 {
+		return l.Conn.Read(p)
+	}
+	if l.left == 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.Conn.Read(p)
+	l.left -= int64(n)
+	return n, err
 }
 
 // put keeps c for the next request, or closes it when enough are kept.
@@ -296,8 +335,13 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	var resp *http.Response
-	for {
+	for interim := 0; ; interim++ {
+		c.lr.left = maxHead // the head is bounded; the body is the proxy's to stream
 		resp, err = http.ReadResponse(c.br, req)
+		c.lr.left = -1
+		if err == nil && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols && interim == maxInterim {
+			err = errInterim
+		}
 		if err != nil {
 			stop()
 			t.discard(c)

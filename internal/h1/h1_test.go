@@ -482,3 +482,41 @@ func TestRetiredKeepsNothing(t *testing.T) {
 		t.Errorf("%d connections kept idle to a retired engine", idle)
 	}
 }
+
+// An engine's answer head is bounded: one that never ends its headers, or
+// sends interim answers without end, fails its request instead of growing
+// napd's memory or holding it forever. Five interim answers are allowed,
+// as net/http's Transport allows.
+func TestAnswerHeadBounded(t *testing.T) {
+	huge := "HTTP/1.1 200 OK\r\n" + strings.Repeat("X-Pad: "+strings.Repeat("a", 1000)+"\r\n", maxHead/1000+1) + "\r\n"
+	interim := func(n int) string {
+		return strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", n) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	}
+	for _, c := range []struct {
+		name, answer string
+		want         error
+	}{
+		{"head over the bound", huge, errHeadTooLarge},
+		{"six interim answers", interim(6), errInterim},
+		{"five interim answers", interim(5), nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url, _ := rawServer(t, func(int, *http.Request) (string, bool) { return c.answer, false })
+			resp, err := (&Transport{}).RoundTrip(post(t, context.Background(), url, "{}"))
+			if c.want != nil {
+				if !errors.Is(err, c.want) {
+					t.Fatalf("%v, want %v", err, c.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(b) != "ok" {
+				t.Fatalf("%d %q", resp.StatusCode, b)
+			}
+		})
+	}
+}
