@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -238,8 +239,22 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 
 // put keeps c for the next request, or closes it when enough are kept.
 func (t *Transport) put(c *conn) {
-	c.used, c.reuse = t.now(), true
+	now := t.now()
+	c.used, c.reuse = now, true
 	t.mu.Lock()
+	// Those idle past the timeout go first, oldest at the bottom: get takes
+	// from the top, so under steady load the connections a burst left below
+	// would never be looked at again and stay open for good (in CLOSE_WAIT
+	// once the engine closed its end), not IdleTimeout.
+	var stale []*conn
+	k := 0
+	for k < len(t.idle) && now.Sub(t.idle[k].used) >= t.idleTimeout() {
+		k++
+	}
+	if k > 0 {
+		stale = slices.Clone(t.idle[:k])
+		t.idle = slices.Delete(t.idle, 0, k)
+	}
 	if len(t.idle) < t.maxIdle() && (t.Retired == nil || !t.Retired()) {
 		t.idle = append(t.idle, c)
 		c = nil
@@ -247,6 +262,9 @@ func (t *Transport) put(c *conn) {
 	t.mu.Unlock()
 	if c != nil {
 		c.nc.Close()
+	}
+	for _, s := range stale {
+		s.nc.Close()
 	}
 }
 

@@ -520,3 +520,43 @@ func TestAnswerHeadBounded(t *testing.T) {
 		})
 	}
 }
+
+// A connection idle past IdleTimeout is closed even while requests keep
+// coming: reuse takes the most recent connection first, so the ones a
+// burst left below it would otherwise never be looked at again, and stay
+// open (in CLOSE_WAIT, once the engine closed its end) for good.
+func TestIdleTimeoutUnderSteadyLoad(t *testing.T) {
+	url, _ := rawServer(t, func(int, *http.Request) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	clock := fakeclock.New(time.Unix(1000, 0))
+	tr := &Transport{clock: clock.Now, IdleTimeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	// A burst of two: two connections, both put back idle now.
+	first, err := tr.RoundTrip(post(t, context.Background(), url, "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, tr, post(t, context.Background(), url, "{}"))
+	_, _ = io.ReadAll(first.Body)
+	first.Body.Close()
+	tr.mu.Lock()
+	oldest := tr.idle[0]
+	tr.mu.Unlock()
+	// Then one request at a time, each reusing the most recent one, until
+	// the other has been idle past the timeout.
+	clock.Advance(time.Minute - time.Millisecond)
+	roundTrip(t, tr, post(t, context.Background(), url, "{}"))
+	clock.Advance(2 * time.Millisecond)
+	roundTrip(t, tr, post(t, context.Background(), url, "{}"))
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, c := range tr.idle {
+		if c == oldest {
+			t.Fatalf("a connection idle for %v is still kept (IdleTimeout %v)", time.Minute+time.Millisecond, tr.IdleTimeout)
+		}
+	}
+	if len(tr.idle) != 1 {
+		t.Errorf("%d idle connections, want 1", len(tr.idle))
+	}
+}
