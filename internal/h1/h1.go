@@ -484,10 +484,17 @@ type body struct {
 	ctx  context.Context
 	keep bool // the connection may serve another request after this answer
 	done bool
+	// err is what every read after the end returns: io.EOF, or the failure
+	// that cut the answer, so that reading again never makes a cut answer
+	// look complete (net/http's body keeps its error too).
+	err error
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	if b.done {
+		if b.err != nil {
+			return 0, b.err
+		}
 		return 0, io.EOF
 	}
 	n, err := b.rc.Read(p)
@@ -499,6 +506,7 @@ func (b *body) Read(p []byte) (int, error) {
 		if cerr := b.ctx.Err(); cerr != nil {
 			err = cerr // a cancelled request's read fails with its reason
 		}
+		b.err = err
 	}
 	return n, err
 }
@@ -507,6 +515,9 @@ func (b *body) Close() error {
 	if !b.done {
 		// An answer with no body is at its end already.
 		b.finish(b.rc == http.NoBody)
+		if b.rc != http.NoBody {
+			b.err = http.ErrBodyReadAfterClose // unfinished: never its end
+		}
 	}
 	return nil
 }

@@ -226,7 +226,8 @@ func TestAnswerFraming(t *testing.T) {
 }
 
 // An answer abandoned before its end closes its connection: the next
-// request does not read the rest of it.
+// request does not read the rest of it, and a read after the close fails
+// rather than end it as if complete.
 func TestBodyClosedEarly(t *testing.T) {
 	url, conns := rawServer(t, func(_ int, r *http.Request) (string, bool) {
 		if r.URL.Path == "/big" {
@@ -244,6 +245,9 @@ func TestBodyClosedEarly(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close() // does not wait for the 90 bytes that never come
+	if _, err := resp.Body.Read(buf); err == nil || err == io.EOF {
+		t.Errorf("read after closing an unfinished answer: %v, want an error", err)
+	}
 	if status, body := roundTrip(t, tr, post(t, context.Background(), url, "{}")); status != 200 || body != "ok" {
 		t.Fatalf("%d %q", status, body)
 	}
@@ -558,5 +562,25 @@ func TestIdleTimeoutUnderSteadyLoad(t *testing.T) {
 	}
 	if len(tr.idle) != 1 {
 		t.Errorf("%d idle connections, want 1", len(tr.idle))
+	}
+}
+
+// An answer cut short fails every read after the first failed one too, as
+// net/http's body does: a reader that reads again must not see its end.
+func TestCutAnswerStaysFailed(t *testing.T) {
+	url, _ := rawServer(t, func(int, *http.Request) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789", true
+	})
+	resp, err := (&Transport{}).RoundTrip(post(t, context.Background(), url, "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if !errors.Is(err, io.ErrUnexpectedEOF) || string(b) != "0123456789" {
+		t.Fatalf("%q %v, want the 10 bytes sent and unexpected EOF", b, err)
+	}
+	if _, err := resp.Body.Read(make([]byte, 8)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("read again after the cut: %v, want unexpected EOF", err)
 	}
 }
