@@ -91,6 +91,7 @@ const (
 var (
 	errHeadTooLarge = errors.New("h1: the engine's answer head is over 1 MiB")
 	errInterim      = errors.New("h1: the engine sent more than 5 interim (1xx) answers")
+	errSwitched     = errors.New("h1: the engine switched protocols, and the request asked for no upgrade")
 )
 
 // errNothingWritten marks a failure to send on a reused connection before
@@ -373,8 +374,17 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 			break
 		}
 	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// No request here asks for an upgrade (those go to the fallback):
+		// the engine's 101 is an error. Handed on, ReverseProxy would
+		// refuse it without closing its body, so the connection would
+		// stay open.
+		stop()
+		t.discard(c)
+		return nil, errSwitched
+	}
 	resp.Body = &body{rc: resp.Body, t: t, c: c, stop: stop, ctx: ctx,
-		keep: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols}
+		keep: !resp.Close && !req.Close}
 	return resp, nil
 }
 

@@ -584,3 +584,47 @@ func TestCutAnswerStaysFailed(t *testing.T) {
 		t.Fatalf("read again after the cut: %v, want unexpected EOF", err)
 	}
 }
+
+// No request this transport carries asks to switch protocols (upgrades go
+// to the fallback), so an engine's 101 is an error, and its connection is
+// closed: ReverseProxy would refuse the answer without closing its body,
+// leaving the connection open.
+func TestUnaskedSwitchingProtocols(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			closed <- err
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			closed <- err
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n")
+		_, err = br.ReadByte() // what napd does with the connection next
+		closed <- err
+	}()
+	resp, err := (&Transport{}).RoundTrip(post(t, context.Background(), "http://"+ln.Addr().String(), "{}"))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("a 101 to a request that asked no upgrade was taken as its answer")
+	}
+	select {
+	case err := <-closed:
+		if err != io.EOF {
+			t.Errorf("the engine's end read %v, want EOF (closed)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection stayed open")
+	}
+}
