@@ -628,3 +628,54 @@ func TestUnaskedSwitchingProtocols(t *testing.T) {
 		t.Fatal("the connection stayed open")
 	}
 }
+
+// A request cancelled while its body is still going out (the engine does
+// not read it) or while its connection is being made ends at once with
+// its context's error, and keeps nothing open.
+func TestCancelWhileSendingOrDialing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c // never read: the request's body fills the buffers
+		}
+	}()
+	tr := &Transport{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.RoundTrip(post(t, ctx, "http://"+ln.Addr().String(), strings.Repeat("x", 64<<20)))
+		done <- err
+	}()
+	c := <-accepted
+	defer c.Close()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled while sending: %v, want context.Canceled", err)
+	}
+	// napd's end is closed: the engine reads the bytes sent, then EOF.
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("the engine's end: %v, want EOF", err)
+	}
+
+	dialing := make(chan struct{})
+	tr = &Transport{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		close(dialing)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}}
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() {
+		_, err := tr.RoundTrip(post(t, ctx, "http://127.0.0.1:1/", "{}"))
+		done <- err
+	}()
+	<-dialing
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled while dialing: %v, want context.Canceled", err)
+	}
+}
