@@ -245,8 +245,8 @@ func (t *Transport) put(c *conn) {
 	t.mu.Lock()
 	// Those idle past the timeout go first, oldest at the bottom: get takes
 	// from the top, so under steady load the connections a burst left below
-	// would never be looked at again and stay open for good (in CLOSE_WAIT
-	// once the engine closed its end), not IdleTimeout.
+	// would never be looked at again and would stay open for good (in
+	// CLOSE_WAIT once the engine closed its end) instead of IdleTimeout.
 	var stale []*conn
 	k := 0
 	for k < len(t.idle) && now.Sub(t.idle[k].used) >= t.idleTimeout() {
@@ -494,9 +494,9 @@ type body struct {
 	ctx  context.Context
 	keep bool // the connection may serve another request after this answer
 	done bool
-	// err is what every read after the end returns: io.EOF, or the failure
-	// that cut the answer, so that reading again never makes a cut answer
-	// look complete (net/http's body keeps its error too).
+	// err is what every read after the end returns (nil: io.EOF): the
+	// failure that cut the answer, so that reading again never makes a cut
+	// answer look complete (net/http's body keeps its error too).
 	err error
 }
 
