@@ -31,11 +31,6 @@ import (
 const (
 	defaultMaxIdle     = 1024
 	defaultIdleTimeout = 90 * time.Second
-	// probeAfter: a connection idle this long is checked before reuse (a
-	// non-blocking peek). An engine closes idle keep-alive connections
-	// after seconds (uvicorn and cpp-httplib: 5 s), never this soon, so a
-	// connection reused within it needs no check.
-	probeAfter = 250 * time.Millisecond
 	// inline bounds a body sent in the head's write.
 	inline = 64 << 10
 )
@@ -201,8 +196,11 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 		t.idle[n-1] = nil
 		t.idle = t.idle[:n-1]
 		t.mu.Unlock()
-		idle := now.Sub(c.used)
-		if idle < probeAfter || (idle < t.idleTimeout() && open(c.nc)) {
+		// Every reuse is checked with a non-blocking peek (one syscall,
+		// about a microsecond): a connection the engine closed, or one
+		// with bytes nobody asked for (which would be read as the next
+		// request's answer: another client's), is not reused.
+		if now.Sub(c.used) < t.idleTimeout() && open(c.nc) {
 			return c, nil
 		}
 		c.nc.Close()

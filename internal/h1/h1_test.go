@@ -325,9 +325,8 @@ func waitConns(t *testing.T, conns *atomic.Int32, n int32) {
 	}
 }
 
-// A connection the engine closed while it was idle is not used again
-// once it has been idle long enough to be checked: the request goes out
-// on a new one instead of failing.
+// A connection the engine closed while it was idle is not used again, however
+// short the idle: the request goes out on a new one instead of failing.
 func TestIdleConnectionClosedByEngine(t *testing.T) {
 	url, conns := rawServer(t, func(n int, _ *http.Request) (string, bool) {
 		if n == 1 {
@@ -337,11 +336,9 @@ func TestIdleConnectionClosedByEngine(t *testing.T) {
 		}
 		return "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nnew", false
 	})
-	clock := fakeclock.New(time.Unix(1000, 0))
-	tr := &Transport{clock: clock.Now}
+	tr := &Transport{}
 	roundTrip(t, tr, post(t, context.Background(), url, "{}"))
 	waitClosed(t, tr)
-	clock.Advance(probeAfter)
 	if status, body := roundTrip(t, tr, post(t, context.Background(), url, "{}")); status != 200 || body != "new" {
 		t.Fatalf("%d %q", status, body)
 	}
@@ -679,5 +676,70 @@ func TestCancelWhileSendingOrDialing(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled while dialing: %v, want context.Canceled", err)
+	}
+}
+
+// Bytes an engine sends after its answer ended, unasked, are never read as
+// the next request's answer (they could be another client's): the
+// connection is dropped at its next reuse, however soon.
+func TestUnsolicitedBytesNotReadAsTheNextAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	stray := make(chan struct{})
+	var conns atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			first := conns.Add(1) == 1
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					answer := "fresh"
+					if first {
+						answer = "first"
+					}
+					if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer); err != nil {
+						return
+					}
+					if first {
+						<-stray // once the client has the whole answer
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!")
+					}
+				}
+			}()
+		}
+	}()
+	url := "http://" + ln.Addr().String()
+	tr := &Transport{}
+	if _, body := roundTrip(t, tr, post(t, context.Background(), url, "{}")); body != "first" {
+		t.Fatalf("first answer %q", body)
+	}
+	close(stray)
+	tr.mu.Lock()
+	c := tr.idle[0]
+	tr.mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); open(c.nc); {
+		if time.Now().After(deadline) {
+			t.Fatal("the stray bytes never arrived")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, body := roundTrip(t, tr, post(t, context.Background(), url, "{}")); body != "fresh" {
+		t.Fatalf("second request answered %q, want its own answer on a new connection", body)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
 	}
 }
