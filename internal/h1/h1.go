@@ -104,6 +104,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		resp, err := t.send(c, req)
+		if req.Body != nil {
+			// Sent (or failed): closed, as a RoundTripper must (a retry
+			// takes a fresh copy from GetBody).
+			_ = req.Body.Close()
+		}
 		if err == nil {
 			return resp, nil
 		}

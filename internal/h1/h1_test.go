@@ -743,3 +743,25 @@ func TestUnsolicitedBytesNotReadAsTheNextAnswer(t *testing.T) {
 		t.Errorf("%d connections, want 2", n)
 	}
 }
+
+type closeRecorder struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (c *closeRecorder) Close() error { c.closed.Store(true); return nil }
+
+// The request's body is closed once sent, as the RoundTripper contract asks.
+func TestRequestBodyClosed(t *testing.T) {
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "ok")
+	})
+	req := post(t, context.Background(), srv.URL, "{}")
+	body := &closeRecorder{Reader: strings.NewReader("{}")}
+	req.Body = body
+	roundTrip(t, &Transport{}, req)
+	if !body.closed.Load() {
+		t.Error("the request body was not closed")
+	}
+}
