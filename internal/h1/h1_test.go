@@ -152,6 +152,13 @@ func TestConcurrent(t *testing.T) {
 // or when script says to hang up, and instead of an empty answer.
 func rawServer(t *testing.T, script func(n int, req *http.Request) (answer string, hangUp bool)) (string, *atomic.Int32) {
 	t.Helper()
+	return rawServerConn(t, func(n int, req *http.Request, _ net.Conn) (string, bool) { return script(n, req) })
+}
+
+// rawServerConn is rawServer whose script also gets the connection, to
+// write on it out of turn.
+func rawServerConn(t *testing.T, script func(n int, req *http.Request, c net.Conn) (answer string, hangUp bool)) (string, *atomic.Int32) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +181,7 @@ func rawServer(t *testing.T, script func(n int, req *http.Request) (answer strin
 						return
 					}
 					_, _ = io.Copy(io.Discard, req.Body)
-					ans, hangUp := script(n, req)
+					ans, hangUp := script(n, req, c)
 					if ans == "" {
 						return
 					}
@@ -347,7 +354,8 @@ func TestIdleConnectionClosedByEngine(t *testing.T) {
 	}
 }
 
-// waitClosed waits until the one idle connection reads as closed.
+// waitClosed waits until the one idle connection is no longer open for
+// reuse: closed by the engine, or with bytes nobody asked for.
 func waitClosed(t *testing.T, tr *Transport) {
 	t.Helper()
 	tr.mu.Lock()
@@ -355,7 +363,7 @@ func waitClosed(t *testing.T, tr *Transport) {
 	tr.mu.Unlock()
 	for deadline := time.Now().Add(10 * time.Second); open(c.nc); {
 		if time.Now().After(deadline) {
-			t.Fatal("the engine's close never arrived")
+			t.Fatal("the idle connection still reads as open")
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -683,59 +691,23 @@ func TestCancelWhileSendingOrDialing(t *testing.T) {
 // the next request's answer (they could be another client's): the
 // connection is dropped at its next reuse, however soon.
 func TestUnsolicitedBytesNotReadAsTheNextAnswer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	stray := make(chan struct{})
-	var conns atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			first := conns.Add(1) == 1
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					answer := "fresh"
-					if first {
-						answer = "first"
-					}
-					if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer); err != nil {
-						return
-					}
-					if first {
-						<-stray // once the client has the whole answer
-						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!")
-					}
-				}
-			}()
+	url, conns := rawServerConn(t, func(n int, _ *http.Request, c net.Conn) (string, bool) {
+		if n > 1 {
+			return "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh", false
 		}
-	}()
-	url := "http://" + ln.Addr().String()
+		go func() {
+			<-stray // once the client has the whole answer
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!")
+		}()
+		return "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst", false
+	})
 	tr := &Transport{}
 	if _, body := roundTrip(t, tr, post(t, context.Background(), url, "{}")); body != "first" {
 		t.Fatalf("first answer %q", body)
 	}
 	close(stray)
-	tr.mu.Lock()
-	c := tr.idle[0]
-	tr.mu.Unlock()
-	for deadline := time.Now().Add(10 * time.Second); open(c.nc); {
-		if time.Now().After(deadline) {
-			t.Fatal("the stray bytes never arrived")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitClosed(t, tr) // the stray bytes are there
 	if _, body := roundTrip(t, tr, post(t, context.Background(), url, "{}")); body != "fresh" {
 		t.Fatalf("second request answered %q, want its own answer on a new connection", body)
 	}
