@@ -38,6 +38,7 @@ import (
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/internal/h1"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
@@ -296,7 +297,7 @@ const (
 
 // servers holds what serve started.
 type servers struct {
-	gateway []*http.Server
+	gateway []*h1.Server
 	control *http.Server
 	// endControl cancels the control and admin requests' context: event
 	// followers (napctl events -f, /napd/v1/events) never end on their
@@ -338,10 +339,22 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 	// keepalive_timeout, and all of them together hold at most
 	// max_connections descriptors.
 	conns := gateway.NewConnLimit(cfg.Gateway.MaxConnections, a.log.With("listener", "gateway", "key", "gateway.max_connections"))
+	// napd's own HTTP/1.1 server serves the gateway's requests; what it
+	// does not serve itself (streamed uploads, upgrades, Expect, odd
+	// heads) goes to net/http's, configured alike (docs/gateway.md).
 	newGateway := func(h http.Handler, l net.Listener, what string) {
-		srv := newServer(h)
-		srv.IdleTimeout = cfg.Gateway.KeepaliveTimeout
-		srv.SetKeepAlivesEnabled(cfg.Gateway.KeepaliveTimeout > 0)
+		fb := newServer(h)
+		fb.IdleTimeout = cfg.Gateway.KeepaliveTimeout
+		fb.SetKeepAlivesEnabled(cfg.Gateway.KeepaliveTimeout > 0)
+		srv := &h1.Server{
+			Handler:           h,
+			Fallback:          fb,
+			BaseContext:       a.ctx,
+			ReadHeaderTimeout: fb.ReadHeaderTimeout,
+			IdleTimeout:       cfg.Gateway.KeepaliveTimeout,
+			DisableKeepAlives: cfg.Gateway.KeepaliveTimeout <= 0,
+			Log:               a.log.With("listener", what),
+		}
 		s.gateway = append(s.gateway, srv)
 		go a.serveOn(srv, conns.Listener(l), what)
 	}
@@ -397,7 +410,7 @@ func addrs(ls []net.Listener) []string {
 	return out
 }
 
-func (a *Agent) serveOn(srv *http.Server, l net.Listener, what string) {
+func (a *Agent) serveOn(srv interface{ Serve(net.Listener) error }, l net.Listener, what string) {
 	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		a.log.Error("server stopped", "listener", what, "err", err)
 	}
@@ -415,7 +428,13 @@ func (s *servers) shutdown(grace time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	var wg sync.WaitGroup
-	all := append([]*http.Server{s.control}, s.gateway...)
+	all := []interface {
+		Shutdown(context.Context) error
+		Close() error
+	}{s.control}
+	for _, g := range s.gateway {
+		all = append(all, g)
+	}
 	if s.metrics != nil {
 		all = append(all, s.metrics)
 	}

@@ -71,7 +71,7 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 	}
 	w := &waiter{id: adm.ID, client: a.Client, arrived: m.now(), reply: make(chan grant, 1)}
 	w.deadline, _ = ctx.Deadline()
-	if !m.do(func() { m.arrive(w) }) {
+	if !m.inline(func() { m.arrive(w) }) {
 		m.end(w, gateway.Outcome{Cancelled: true})
 		return nil, m.removed()
 	}
@@ -99,7 +99,7 @@ func (m *Model) await(ctx context.Context, w *waiter) (grant, error) {
 		return grant{}, m.removed()
 	case <-ctx.Done():
 		// The loop may have granted it meanwhile: withdraw settles either way.
-		m.do(func() { m.withdraw(w) })
+		m.inline(func() { m.withdraw(w) })
 		if holders := m.waitingFor(); holders != "" && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return grant{}, &gateway.Refusal{Status: http.StatusGatewayTimeout, Code: "timeout",
 				Message: fmt.Sprintf("model %s: the request deadline ran out while waiting for GPU memory held by %s", m.name, holders)}
@@ -143,7 +143,7 @@ func (m *Model) end(w *waiter, o gateway.Outcome) {
 	if ended.Idle && m.d.Idle != nil {
 		m.d.Idle()
 	}
-	m.do(func() {
+	m.inline(func() {
 		if w.granted {
 			w.granted = false
 			m.active--

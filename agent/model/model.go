@@ -109,8 +109,18 @@ type Model struct {
 	// next attempt starts.
 	opMu sync.Mutex
 	snap atomic.Pointer[Snapshot]
+	// mu is held by whoever runs the loop's code: the loop goroutine for
+	// what is posted to it, and a request's own goroutine for its arrival
+	// and end, so admitting a request to an awake model costs no hand-off
+	// to the loop and back (docs/bench.md). ended: the loop has ended.
+	mu    sync.Mutex
+	ended bool
+	// posted counts what was posted to the loop and has not run yet: a
+	// caller runs inline only when nothing posted before waits, so what
+	// one goroutine posts and then runs inline runs in that order.
+	posted atomic.Int64
 
-	// ---- owned by the loop ----
+	// ---- owned by the loop (held under mu) ----
 	cfg      *config.Model
 	spec     supervisor.Spec // the configured engine: the next wake starts this one
 	eng      *instance       // the engine the last wake started (or the one found at start)
@@ -265,8 +275,14 @@ func (m *Model) Run() {
 	for {
 		select {
 		case f := <-m.msgs:
+			m.mu.Lock()
 			f()
+			m.posted.Add(-1)
+			m.mu.Unlock()
 		case <-m.stop:
+			m.mu.Lock()
+			m.ended = true
+			m.mu.Unlock()
 			return
 		}
 	}
@@ -288,12 +304,35 @@ func (m *Model) do(f func()) bool {
 		return false
 	default:
 	}
+	m.posted.Add(1)
 	select {
 	case m.msgs <- f:
 		return true
 	case <-m.quit:
+		m.posted.Add(-1)
 		return false
 	}
+}
+
+// inline runs f as the owner loop would, on the caller's goroutine under
+// the loop's lock, when nothing posted before waits to run (else it posts
+// f, as do): for a request's own arrival and end, which then need not
+// wait for the loop's goroutine to be scheduled. f must not wait for the
+// loop (the loop's own code never does). It returns false when the loop
+// has ended.
+func (m *Model) inline(f func()) bool {
+	m.mu.Lock()
+	if m.ended {
+		m.mu.Unlock()
+		return false
+	}
+	if m.posted.Load() == 0 {
+		f()
+		m.mu.Unlock()
+		return true
+	}
+	m.mu.Unlock()
+	return m.do(f)
 }
 
 // call runs f on the owner loop and waits for it.
@@ -314,11 +353,14 @@ func (m *Model) call(f func()) bool {
 // ends first (a wedged loop: the watchdog stops pinging systemd).
 func (m *Model) Ping(ctx context.Context) error {
 	done := make(chan struct{})
+	m.posted.Add(1)
 	select {
 	case m.msgs <- func() { close(done) }:
 	case <-m.quit:
+		m.posted.Add(-1)
 		return nil
 	case <-ctx.Done():
+		m.posted.Add(-1)
 		return ctx.Err()
 	}
 	select {

@@ -1,0 +1,377 @@
+package h1
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// response is the Server's http.ResponseWriter. An answer of unknown
+// length up to pendingMax is held back and sent with a Content-Length;
+// past that, or when flushed, it goes chunked, as net/http does.
+type response struct {
+	c      *serverConn
+	req    *http.Request
+	header http.Header
+
+	status    int   // 0 until WriteHeader
+	cl        int64 // the declared Content-Length; -1: none
+	committed bool  // the head is in the buffer
+	chunked   bool
+	noBody    bool // HEAD, 204, 304
+	written   int64
+	pending   []byte // held back before the head, when cl < 0
+	done      bool   // the handler returned
+
+	closeAfter bool
+	err        error // the first write error: the connection is done
+}
+
+var errAfterReturn = errors.New("h1: write after the handler returned")
+
+// writers are the connections' write buffers, held only while a request
+// is answered (not while a connection idles between requests).
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
+
+func (w *response) Header() http.Header { return w.header }
+
+func (w *response) WriteHeader(code int) {
+	if w.done || w.status != 0 {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		w.interim(code)
+		return
+	}
+	w.status = code
+	w.noBody = w.req.Method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified || code < 200
+	if v := w.header.Get("Content-Length"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			w.cl = n
+		} else {
+			w.header.Del("Content-Length")
+		}
+	}
+}
+
+// interim sends a 1xx answer at once (103 Early Hints), with the header as
+// it is.
+func (w *response) interim(code int) {
+	bw := w.writer()
+	bw.WriteString("HTTP/1.1 ")
+	bw.WriteString(statusLine(code))
+	bw.WriteString("\r\n")
+	w.writeHeader(bw, nil)
+	bw.WriteString("\r\n")
+	w.fail(bw.Flush())
+}
+
+func (w *response) writer() *bufio.Writer {
+	if w.c.bw == nil {
+		w.c.bw = writers.Get().(*bufio.Writer)
+		w.c.bw.Reset(w.c.nc)
+	}
+	return w.c.bw
+}
+
+func (w *response) fail(err error) {
+	if err != nil && w.err == nil {
+		w.err = err
+		w.closeAfter = true
+	}
+}
+
+func (w *response) Write(p []byte) (int, error) {
+	if w.done {
+		return 0, errAfterReturn
+	}
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.noBody {
+		if w.status == http.StatusNoContent || w.status == http.StatusNotModified {
+			return 0, http.ErrBodyNotAllowed
+		}
+		return len(p), nil
+	}
+	if w.cl >= 0 && w.written+int64(len(p)) > w.cl {
+		return 0, http.ErrContentLength
+	}
+	if !w.committed {
+		if w.cl < 0 && len(w.pending)+len(p) <= pendingMax {
+			if w.pending == nil {
+				w.pending = make([]byte, 0, pendingMax)
+			}
+			w.pending = append(w.pending, p...)
+			w.written += int64(len(p))
+			return len(p), nil
+		}
+		w.commit(w.cl < 0, p)
+	}
+	w.written += int64(len(p))
+	return w.body(p)
+}
+
+// body writes p as the answer's body (one chunk when chunked).
+func (w *response) body(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	bw := w.writer()
+	if w.chunked {
+		var size [16]byte
+		bw.Write(strconv.AppendInt(size[:0], int64(len(p)), 16))
+		bw.WriteString("\r\n")
+	}
+	n, err := bw.Write(p)
+	if w.chunked && err == nil {
+		_, err = bw.WriteString("\r\n")
+	}
+	w.fail(err)
+	return n, err
+}
+
+// commit puts the head in the buffer, then whatever was held back. next
+// is the body's first bytes after those, for a Content-Type sniffed when
+// the handler set none (as net/http does).
+func (w *response) commit(chunked bool, next []byte) {
+	w.committed = true
+	h := w.header
+	if w.noBody {
+		chunked = false
+	} else if _, ok := h["Content-Type"]; !ok && h.Get("Content-Encoding") == "" {
+		first := w.pending
+		if len(first) == 0 {
+			first = next
+		}
+		if len(first) > 0 {
+			h.Set("Content-Type", http.DetectContentType(first[:min(len(first), 512)]))
+		}
+	}
+	w.chunked = chunked
+	if _, ok := h["Date"]; !ok {
+		h["Date"] = []string{date()}
+	}
+	c := w.c
+	if w.req.Close || c.s.DisableKeepAlives || c.s.shutting.Load() || !c.bodyDone && w.req.ContentLength > maxDiscard ||
+		strings.EqualFold(h.Get("Connection"), "close") {
+		w.closeAfter = true
+	}
+	bw := w.writer()
+	bw.WriteString("HTTP/1.1 ")
+	bw.WriteString(statusLine(w.status))
+	bw.WriteString("\r\n")
+	extra := 0
+	if chunked {
+		extra = 1
+	} else if !w.noBody && w.cl < 0 {
+		w.cl = int64(len(w.pending))
+		extra = 2
+	}
+	w.writeHeader(bw, trailerOf(h))
+	switch {
+	case extra == 1:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	case extra == 2:
+		bw.WriteString("Content-Length: ")
+		var n [20]byte
+		bw.Write(strconv.AppendInt(n[:0], w.cl, 10))
+		bw.WriteString("\r\n")
+	}
+	if w.closeAfter {
+		if _, ok := h["Connection"]; !ok {
+			bw.WriteString("Connection: close\r\n")
+		}
+	}
+	bw.WriteString("\r\n")
+	if len(w.pending) > 0 {
+		_, _ = w.body(w.pending)
+		w.pending = w.pending[:0]
+	}
+}
+
+// writeHeader writes h's fields, but not those named in skip (trailers),
+// hop-by-hop ones napd sets itself, or names that are not tokens; a value
+// with a line break has it as a space (net/http does the same).
+func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
+	for k, vs := range w.header {
+		switch k {
+		case "Transfer-Encoding", "Trailer":
+			if k == "Trailer" && len(skip) > 0 {
+				break
+			}
+			continue
+		case "Content-Length":
+			if w.noBody && w.req.Method != http.MethodHead {
+				continue
+			}
+		}
+		if strings.HasPrefix(k, http.TrailerPrefix) || !validName(k) || contains(skip, k) {
+			continue
+		}
+		for _, v := range vs {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			if strings.ContainsAny(v, "\r\n") {
+				v = strings.NewReplacer("\r", " ", "\n", " ").Replace(v)
+			}
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+}
+
+func contains(list []string, k string) bool {
+	for _, s := range list {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+// trailerOf lists the trailer fields h declares (its Trailer header).
+func trailerOf(h http.Header) []string {
+	var out []string
+	for _, v := range h["Trailer"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, http.CanonicalHeaderKey(f))
+			}
+		}
+	}
+	return out
+}
+
+// FlushError sends what is buffered; an answer of unknown length goes
+// chunked from here on.
+func (w *response) FlushError() error {
+	if w.done {
+		return nil
+	}
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	if !w.committed {
+		w.commit(w.cl < 0, nil)
+	}
+	w.fail(w.writer().Flush())
+	return w.err
+}
+
+// Flush implements http.Flusher.
+func (w *response) Flush() { _ = w.FlushError() }
+
+// SetReadDeadline and SetWriteDeadline let http.ResponseController bound
+// the connection's reads (the body) and writes.
+func (w *response) SetReadDeadline(t time.Time) error  { return w.c.nc.SetReadDeadline(t) }
+func (w *response) SetWriteDeadline(t time.Time) error { return w.c.nc.SetWriteDeadline(t) }
+
+// finish ends the answer after the handler returned: the head if none
+// went out, the last chunk and the trailers, and one flush.
+func (w *response) finish() {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	w.done = true
+	if w.err == nil {
+		if !w.committed {
+			w.commit(false, nil)
+		}
+		bw := w.writer()
+		if w.chunked {
+			bw.WriteString("0\r\n")
+			w.writeTrailers(bw)
+			bw.WriteString("\r\n")
+		} else if w.cl >= 0 && w.written < w.cl && !w.noBody {
+			w.closeAfter = true // short: the client must see it cut
+		}
+		w.fail(bw.Flush())
+	} else if w.err == errPanicked && w.c.bw != nil {
+		_ = w.c.bw.Flush()
+	}
+	if w.pending != nil {
+		w.pending = nil
+	}
+	if bw := w.c.bw; bw != nil {
+		bw.Reset(nil)
+		writers.Put(bw)
+		w.c.bw = nil
+	}
+}
+
+func (w *response) writeTrailers(bw *bufio.Writer) {
+	for k, vs := range w.header {
+		name, prefixed := strings.CutPrefix(k, http.TrailerPrefix)
+		if !prefixed {
+			if !contains(trailerOf(w.header), k) {
+				continue
+			}
+		}
+		name = http.CanonicalHeaderKey(name)
+		if !validName(name) {
+			continue
+		}
+		for _, v := range vs {
+			if !validValue(v) {
+				continue
+			}
+			bw.WriteString(name)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+}
+
+// statusLine is "200 OK" for 200.
+func statusLine(code int) string {
+	if s, ok := statusLines[code]; ok {
+		return s
+	}
+	return strconv.Itoa(code) + " " + http.StatusText(code)
+}
+
+var statusLines = func() map[int]string {
+	m := make(map[int]string)
+	for code := 100; code < 600; code++ {
+		if t := http.StatusText(code); t != "" {
+			m[code] = strconv.Itoa(code) + " " + t
+		}
+	}
+	return m
+}()
+
+// date is the Date header's value, made once a second.
+func date() string {
+	now := time.Now()
+	sec := now.Unix()
+	if d := dates.Load(); d != nil && d.sec == sec {
+		return d.s
+	}
+	d := &dated{sec: sec, s: now.UTC().Format(http.TimeFormat)}
+	dates.Store(d)
+	return d.s
+}
+
+type dated struct {
+	sec int64
+	s   string
+}
+
+var dates atomic.Pointer[dated]

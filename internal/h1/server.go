@@ -1,0 +1,730 @@
+package h1
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Server serves HTTP/1.1 to clients with each request's handler run on its
+// connection's goroutine, and hands every connection whose next request it
+// does not serve itself to a net/http server (Fallback), which then keeps
+// it: requests with a Transfer-Encoding (streamed uploads), Expect,
+// Upgrade, a head over 4 KiB, obsolete line folding, an absolute or
+// asterisk target, a protocol other than HTTP/1.1, or anything it cannot
+// parse (net/http then answers the error).
+//
+// net/http's server starts a goroutine per request to watch the client's
+// connection (its background read) and hands off to it and back; on a
+// proxy's hot path that costs more than the forwarding itself
+// (docs/bench.md). This server watches only requests still running after
+// watchAfter (a sweep every watchAfter while requests run), so a client
+// that leaves is noticed within twice that, not at once; requests that
+// end sooner cost no goroutine, timer or syscall for it.
+type Server struct {
+	// Handler serves every request, on its connection's goroutine.
+	Handler http.Handler
+	// Fallback serves the connections handed over. Its Handler should be
+	// Handler. It is started by the first Serve and shut down with this
+	// server.
+	Fallback *http.Server
+	// BaseContext is every request's parent context (nil: Background).
+	BaseContext context.Context
+	// ReadHeaderTimeout bounds reading a request's head once its first
+	// byte came; IdleTimeout bounds the wait for that byte between
+	// requests. Zero: none.
+	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
+	// DisableKeepAlives closes every connection after one response.
+	DisableKeepAlives bool
+	// Log receives handler panics (nil: slog.Default()).
+	Log *slog.Logger
+
+	mu        sync.Mutex
+	conns     map[*serverConn]struct{}
+	listeners map[net.Listener]struct{}
+	fallback  *chanListener
+	fbOnce    sync.Once
+	shutting  atomic.Bool
+
+	active   atomic.Int64 // requests running
+	started  atomic.Int64 // requests begun, ever: the sweep's sign of life
+	sweeping atomic.Bool
+}
+
+// Bounds of the server's own buffers and waits.
+const (
+	// bufSize is each connection's read and write buffer; a request head
+	// must fit the read buffer, or the connection goes to Fallback.
+	bufSize = 4 << 10
+	// pendingMax is the most of an answer of unknown length held back to
+	// send it with a Content-Length instead of chunked (net/http: 2 KiB).
+	pendingMax = 2 << 10
+	// maxDiscard is the most of a request body left unread by its handler
+	// that is read and dropped to keep the connection (net/http: 256 KiB).
+	maxDiscard = 256 << 10
+)
+
+// watchAfter is how long a request runs before its connection is watched
+// for the client leaving; a variable so tests can shorten it.
+var watchAfter = 20 * time.Millisecond
+
+// ErrServerClosed is what Serve returns after Shutdown or Close.
+var ErrServerClosed = http.ErrServerClosed
+
+// Serve accepts connections on l until it fails or the server is shut down.
+func (s *Server) Serve(l net.Listener) error {
+	s.fbOnce.Do(func() {
+		s.mu.Lock()
+		s.fallback = &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: make(chan struct{})}
+		s.mu.Unlock()
+		if s.Fallback != nil {
+			go func() { _ = s.Fallback.Serve(s.fallback) }()
+		}
+	})
+	s.mu.Lock()
+	if s.shutting.Load() {
+		s.mu.Unlock()
+		_ = l.Close()
+		return ErrServerClosed
+	}
+	if s.listeners == nil {
+		s.listeners = make(map[net.Listener]struct{})
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if s.shutting.Load() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
+				// EMFILE and the like: wait, as net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		c := s.newConn(nc)
+		if c == nil {
+			continue
+		}
+		go c.serve()
+	}
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// Shutdown stops accepting, closes idle connections and waits for the
+// others to finish their request, or for ctx; then it returns ctx's error
+// and leaves the rest to Close. Fallback is shut down alike.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutting.Store(true)
+	s.closeListeners()
+	fbErr := make(chan error, 1)
+	go func() {
+		if s.Fallback == nil {
+			fbErr <- nil
+			return
+		}
+		fbErr <- s.Fallback.Shutdown(ctx)
+	}()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !s.closeIdle() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return <-fbErr
+}
+
+// Close closes the listeners and every connection at once.
+func (s *Server) Close() error {
+	s.shutting.Store(true)
+	s.closeListeners()
+	s.mu.Lock()
+	for c := range s.conns {
+		_ = c.nc.Close()
+	}
+	s.mu.Unlock()
+	if s.Fallback != nil {
+		return s.Fallback.Close()
+	}
+	return nil
+}
+
+func (s *Server) closeListeners() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for l := range s.listeners {
+		_ = l.Close()
+	}
+	if s.fallback != nil {
+		s.fallback.close()
+	}
+}
+
+// closeIdle closes the connections waiting for a request and reports
+// whether none is left.
+func (s *Server) closeIdle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if c.state.CompareAndSwap(stateIdle, stateClosed) {
+			_ = c.nc.Close()
+		}
+	}
+	return len(s.conns) == 0
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Log != nil {
+		return s.Log
+	}
+	return slog.Default()
+}
+
+// Connection states: idle between requests (Shutdown may close it), active
+// while a request is read or served.
+const (
+	stateIdle int32 = iota
+	stateActive
+	stateClosed
+)
+
+// serverConn is one client connection. Only its goroutine reads it, except
+// the background read of a request watched for the client leaving.
+type serverConn struct {
+	s     *Server
+	nc    net.Conn
+	cr    connReader
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	ctx   context.Context // the connection's: BaseContext with net/http's values
+	raddr string
+	state atomic.Int32
+
+	// begun is when the running request started (unix ns; 0: none), for
+	// the sweep.
+	begun atomic.Int64
+
+	mu       sync.Mutex
+	watch    int // watchNone, watchWanted, watchRunning
+	bodyDone bool
+	aborting bool
+	left     bool // the background read saw the client leave
+	cancel   context.CancelFunc
+	watched  chan struct{}
+}
+
+const (
+	watchNone = iota
+	watchWanted
+	watchRunning
+)
+
+func (s *Server) newConn(nc net.Conn) *serverConn {
+	c := &serverConn{s: s, nc: nc, raddr: nc.RemoteAddr().String()}
+	c.cr.c = c
+	base := s.BaseContext
+	if base == nil {
+		base = context.Background()
+	}
+	if s.Fallback != nil {
+		base = context.WithValue(base, http.ServerContextKey, s.Fallback)
+	}
+	c.ctx = context.WithValue(base, http.LocalAddrContextKey, nc.LocalAddr())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutting.Load() {
+		_ = nc.Close()
+		return nil
+	}
+	if s.conns == nil {
+		s.conns = make(map[*serverConn]struct{})
+	}
+	s.conns[c] = struct{}{}
+	return c
+}
+
+func (c *serverConn) forget() {
+	c.s.mu.Lock()
+	delete(c.s.conns, c)
+	c.s.mu.Unlock()
+}
+
+// connReader is what the buffered reader reads: first the byte a
+// background read took, then the connection.
+type connReader struct {
+	c      *serverConn
+	one    [1]byte
+	hasOne bool
+}
+
+func (r *connReader) Read(p []byte) (int, error) {
+	if r.hasOne && len(p) > 0 {
+		r.hasOne = false
+		p[0] = r.one[0]
+		return 1, nil
+	}
+	if r.c.left {
+		return 0, io.EOF
+	}
+	return r.c.nc.Read(p)
+}
+
+func (c *serverConn) serve() {
+	c.br = bufio.NewReaderSize(&c.cr, bufSize)
+	for {
+		r, ok := c.next()
+		if !ok {
+			return
+		}
+		if r == nil {
+			c.handOff()
+			return
+		}
+		if !c.serveOne(r) {
+			c.close()
+			return
+		}
+	}
+}
+
+func (c *serverConn) close() {
+	c.state.Store(stateClosed)
+	_ = c.nc.Close()
+	c.forget()
+}
+
+// next waits for a request and reads its head. It returns nil and true
+// for a request the Fallback must read, and false when the connection is
+// done (closed, timed out, shut down).
+func (c *serverConn) next() (*http.Request, bool) {
+	s := c.s
+	if s.IdleTimeout > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(s.IdleTimeout))
+	} else if s.ReadHeaderTimeout > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(s.ReadHeaderTimeout))
+	}
+	if _, err := c.br.Peek(1); err != nil {
+		c.close()
+		return nil, false
+	}
+	if !c.state.CompareAndSwap(stateIdle, stateActive) {
+		c.close() // Shutdown closed it meanwhile
+		return nil, false
+	}
+	if s.ReadHeaderTimeout > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(s.ReadHeaderTimeout))
+	}
+	var head []byte
+	for {
+		buf, _ := c.br.Peek(c.br.Buffered())
+		if i := bytes.Index(buf, []byte("\r\n\r\n")); i >= 0 {
+			head = buf[:i+4]
+			break
+		}
+		if c.br.Buffered() == bufSize {
+			return nil, true // too large for this server: net/http's
+		}
+		if _, err := c.br.Peek(c.br.Buffered() + 1); err != nil {
+			if c.br.Buffered() > 0 && !isTimeout(err) {
+				return nil, true // let net/http answer what it makes of it
+			}
+			c.close()
+			return nil, false
+		}
+	}
+	_ = c.nc.SetReadDeadline(time.Time{})
+	r, ok := c.parse(head)
+	if !ok {
+		return nil, true
+	}
+	_, _ = c.br.Discard(len(head))
+	return r, true
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// parse reads a request head this server serves; false for any other.
+// Every string of the request is a piece of one copy of the head.
+func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
+	head := string(raw[:len(raw)-2])
+	line, rest, _ := strings.Cut(head, "\r\n")
+	method, line, ok1 := strings.Cut(line, " ")
+	target, proto, ok2 := strings.Cut(line, " ")
+	if !ok1 || !ok2 || proto != "HTTP/1.1" || !validName(method) || !strings.HasPrefix(target, "/") ||
+		!printable(target) || strings.IndexByte(target, '#') >= 0 {
+		return nil, false
+	}
+	u, err := url.ParseRequestURI(target)
+	if err != nil {
+		return nil, false
+	}
+	lines := strings.Count(rest, "\r\n")
+	h := make(http.Header, lines)
+	values := make([]string, 0, lines)
+	host, hosts := "", 0
+	cl := int64(0)
+	hasCL := false
+	closeReq := false
+	for rest != "" {
+		var kv string
+		kv, rest, _ = strings.Cut(rest, "\r\n")
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, ":")
+		if !ok || !validName(k) || kv[0] == ' ' || kv[0] == '\t' {
+			return nil, false
+		}
+		v = strings.Trim(v, " \t")
+		if !validValue(v) {
+			return nil, false
+		}
+		k = http.CanonicalHeaderKey(k)
+		switch k {
+		case "Host":
+			host, hosts = v, hosts+1
+			continue
+		case "Transfer-Encoding", "Expect", "Upgrade", "Te", "Http2-Settings":
+			return nil, false
+		case "Content-Length":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 || v[0] == '+' || hasCL && n != cl {
+				return nil, false
+			}
+			cl, hasCL = n, true
+		case "Connection":
+			for tok := range strings.SplitSeq(v, ",") {
+				switch strings.ToLower(strings.TrimSpace(tok)) {
+				case "close":
+					closeReq = true
+				case "upgrade":
+					return nil, false
+				}
+			}
+		}
+		values = append(values, v)
+		h[k] = append(h[k], values[len(values)-1:len(values):len(values)]...)
+	}
+	if hosts != 1 || !printable(host) {
+		return nil, false
+	}
+	var body io.ReadCloser = http.NoBody
+	c.bodyDone = true
+	if cl > 0 {
+		body = &reqBody{c: c, left: cl}
+		c.bodyDone = false
+	}
+	r := &http.Request{
+		Method:        method,
+		URL:           u,
+		Proto:         proto,
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          body,
+		ContentLength: cl,
+		Host:          host,
+		Close:         closeReq,
+		RemoteAddr:    c.raddr,
+		RequestURI:    target,
+	}
+	return r, true
+}
+
+// handOff gives the connection, with what was read of it, to Fallback.
+func (c *serverConn) handOff() {
+	c.forget()
+	_ = c.nc.SetReadDeadline(time.Time{})
+	buffered, _ := c.br.Peek(c.br.Buffered())
+	hc := &handedConn{Conn: c.nc, r: io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), &c.cr)}
+	if c.s.Fallback == nil || !c.s.fallback.give(hc) {
+		_ = c.nc.Close()
+	}
+}
+
+// handedConn is a connection handed to Fallback: what this server read
+// of it comes first.
+type handedConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (h *handedConn) Read(p []byte) (int, error) { return h.r.Read(p) }
+
+// serveOne runs the handler for r and finishes its response; it reports
+// whether the connection serves another request.
+func (c *serverConn) serveOne(r *http.Request) bool {
+	s := c.s
+	ctx, cancel := context.WithCancel(c.ctx)
+	r = r.WithContext(ctx)
+	w := &response{c: c, req: r, header: make(http.Header), cl: -1}
+	c.mu.Lock()
+	c.cancel = cancel
+	c.mu.Unlock()
+	c.begun.Store(time.Now().UnixNano())
+	s.active.Add(1)
+	s.started.Add(1)
+	if !s.sweeping.Load() && s.sweeping.CompareAndSwap(false, true) {
+		go s.sweep()
+	}
+	panicked := c.handle(w, r)
+	s.active.Add(-1)
+	c.endWatch()
+	cancel()
+	if panicked {
+		// What was written goes out, unfinished: the client sees the
+		// answer cut, not ended.
+		w.err = errPanicked
+		w.finish()
+		return false
+	}
+	w.finish()
+	if body, ok := r.Body.(*reqBody); ok && !c.bodyDone && !w.closeAfter {
+		w.closeAfter = !body.discard()
+	}
+	c.bodyDone = false
+	c.state.Store(stateIdle)
+	return !w.closeAfter && w.err == nil && !c.left
+}
+
+var errPanicked = errors.New("h1: the handler panicked")
+
+// handle runs the handler; a panic ends the connection, and one other
+// than http.ErrAbortHandler (a proxy's way to cut an answer) is logged.
+func (c *serverConn) handle(w http.ResponseWriter, r *http.Request) (panicked bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			panicked = true
+			if v != http.ErrAbortHandler {
+				buf := make([]byte, 16<<10)
+				buf = buf[:runtime.Stack(buf, false)]
+				c.s.logger().Error("panic serving a request", "remote", c.raddr, "panic", fmt.Sprint(v), "stack", string(buf))
+			}
+		}
+	}()
+	c.s.Handler.ServeHTTP(w, r)
+	return false
+}
+
+// sweep arms the watch of requests running longer than watchAfter; it
+// runs while requests do, and stops after two quiet rounds.
+func (s *Server) sweep() {
+	tick := time.NewTicker(watchAfter)
+	defer tick.Stop()
+	quiet, seen := 0, s.started.Load()
+	for range tick.C {
+		now := time.Now().UnixNano()
+		s.mu.Lock()
+		for c := range s.conns {
+			if b := c.begun.Load(); b != 0 && now-b >= int64(watchAfter) {
+				c.arm()
+			}
+		}
+		s.mu.Unlock()
+		started := s.started.Load()
+		if s.active.Load() > 0 || started != seen {
+			quiet, seen = 0, started
+			continue
+		}
+		if quiet++; quiet < 2 {
+			continue
+		}
+		s.sweeping.Store(false)
+		// A request that began as the flag went down started no sweep.
+		if s.active.Load() == 0 || !s.sweeping.CompareAndSwap(false, true) {
+			return
+		}
+		quiet = 0
+	}
+}
+
+// arm starts watching the connection for the client leaving, once the
+// request's body is read (before, the handler reads the connection).
+func (c *serverConn) arm() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.watch != watchNone || c.cancel == nil {
+		return
+	}
+	if !c.bodyDone {
+		c.watch = watchWanted
+		return
+	}
+	c.startWatch()
+}
+
+// startWatch starts the background read; c.mu is held.
+func (c *serverConn) startWatch() {
+	c.watch = watchRunning
+	c.watched = make(chan struct{})
+	go c.backgroundRead(c.cancel, c.watched)
+}
+
+// bodyRead is called when the request's body was read to its end.
+func (c *serverConn) bodyRead() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bodyDone = true
+	if c.watch == watchWanted {
+		c.startWatch()
+	}
+}
+
+// backgroundRead waits for the client's next byte: a pipelined request's
+// first (kept for the next read), or the end of the connection, which
+// cancels the request.
+func (c *serverConn) backgroundRead(cancel context.CancelFunc, done chan struct{}) {
+	defer close(done)
+	n, err := c.nc.Read(c.cr.one[:])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case n == 1:
+		c.cr.hasOne = true
+	case c.aborting:
+	case err != nil:
+		c.left = true
+		cancel()
+	}
+}
+
+// endWatch stops the background read, if one runs, before the connection
+// is read or written again.
+func (c *serverConn) endWatch() {
+	c.begun.Store(0)
+	c.mu.Lock()
+	running := c.watch == watchRunning
+	done := c.watched
+	c.aborting = running
+	c.watch = watchNone
+	c.cancel = nil
+	c.mu.Unlock()
+	if !running {
+		return
+	}
+	_ = c.nc.SetReadDeadline(stopped)
+	<-done
+	_ = c.nc.SetReadDeadline(time.Time{})
+	c.mu.Lock()
+	c.aborting = false
+	c.mu.Unlock()
+}
+
+// reqBody is a request body of known length, read from the connection's
+// buffer.
+type reqBody struct {
+	c      *serverConn
+	left   int64
+	closed bool
+	err    error
+}
+
+func (b *reqBody) Read(p []byte) (int, error) {
+	switch {
+	case b.closed:
+		return 0, http.ErrBodyReadAfterClose
+	case b.err != nil:
+		return 0, b.err
+	case b.left == 0:
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.c.br.Read(p)
+	b.left -= int64(n)
+	if b.left == 0 {
+		b.c.bodyRead()
+		return n, io.EOF
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		b.err = err
+	}
+	return n, err
+}
+
+func (b *reqBody) Close() error {
+	b.closed = true
+	return nil
+}
+
+// discard reads what the handler left of the body, if it is little and
+// comes at once; false: the connection cannot serve another request.
+func (b *reqBody) discard() bool {
+	if b.err != nil || b.left > maxDiscard {
+		return false
+	}
+	_ = b.c.nc.SetReadDeadline(time.Now().Add(time.Second))
+	defer func() { _ = b.c.nc.SetReadDeadline(time.Time{}) }()
+	_, err := b.c.br.Discard(int(b.left))
+	return err == nil
+}
+
+// chanListener is the Fallback's listener: connections handed over.
+type chanListener struct {
+	addr net.Addr
+	ch   chan net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) give(c net.Conn) bool {
+	select {
+	case l.ch <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+func (l *chanListener) close()         { l.once.Do(func() { close(l.done) }) }
+func (l *chanListener) Close() error   { l.close(); return nil }
+func (l *chanListener) Addr() net.Addr { return l.addr }
