@@ -163,6 +163,16 @@ type countedConn struct {
 	closed atomic.Bool
 }
 
+// CloseWrite half-closes a TCP connection, so a server can send its last
+// answer and still read what the client sends (net/http and napd's own
+// server do, before closing a connection with a body unread).
+func (cc *countedConn) CloseWrite() error {
+	if cw, ok := cc.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (cc *countedConn) Close() error {
 	if cc.closed.CompareAndSwap(false, true) {
 		cc.c.open.Add(-1)

@@ -313,7 +313,10 @@ func (c *serverConn) serve() {
 			c.handOff()
 			return
 		}
-		if !c.serveOne(r) {
+		if keep, unread := c.serveOne(r); !keep {
+			if unread {
+				c.linger()
+			}
 			c.close()
 			return
 		}
@@ -488,8 +491,9 @@ type handedConn struct {
 func (h *handedConn) Read(p []byte) (int, error) { return h.r.Read(p) }
 
 // serveOne runs the handler for r and finishes its response; it reports
-// whether the connection serves another request.
-func (c *serverConn) serveOne(r *http.Request) bool {
+// whether the connection serves another request, and whether the client
+// may still be sending a body nobody read.
+func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
 	s := c.s
 	ctx, cancel := context.WithCancel(c.ctx)
 	r = r.WithContext(ctx)
@@ -512,15 +516,17 @@ func (c *serverConn) serveOne(r *http.Request) bool {
 		// answer cut, not ended.
 		w.err = errPanicked
 		w.finish()
-		return false
+		return false, false
 	}
 	w.finish()
-	if body, ok := r.Body.(*reqBody); ok && !c.bodyDone && !w.closeAfter {
+	unread = !c.bodyDone
+	if body, ok := r.Body.(*reqBody); ok && unread && !w.closeAfter {
 		w.closeAfter = !body.discard()
+		unread = w.closeAfter
 	}
 	c.bodyDone = false
 	c.state.Store(stateIdle)
-	return !w.closeAfter && w.err == nil && !c.left
+	return !w.closeAfter && w.err == nil && !c.left, unread && w.err == nil
 }
 
 var errPanicked = errors.New("h1: the handler panicked")
@@ -644,6 +650,25 @@ func (c *serverConn) endWatch() {
 	c.mu.Lock()
 	c.aborting = false
 	c.mu.Unlock()
+}
+
+// Bounds of linger.
+const (
+	lingerFor  = 500 * time.Millisecond
+	lingerMost = 8 << 20
+)
+
+// linger lets a client still sending a body nobody read (an upload
+// answered 413) read its answer: closed at once with bytes unread, the
+// connection would be reset, and the client could lose the answer with
+// it. The write side is closed first, then what comes is read and dropped
+// for a while (net/http waits 500 ms the same way).
+func (c *serverConn) linger() {
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.nc.SetReadDeadline(time.Now().Add(lingerFor))
+	_, _ = io.CopyN(io.Discard, c.nc, lingerMost)
 }
 
 // reqBody is a request body of known length, read from the connection's
