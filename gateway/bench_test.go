@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -38,9 +39,15 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 		}
 	}()
 	gw := New(Options{MaxBody: 64 << 20, Logger: slog.New(slog.DiscardHandler)}, models)
-	front := httptest.NewServer(gw.Handler())
-	b.Cleanup(front.Close)
-	return eng.URL, front.URL
+	// Served as the agent serves it: napd's own HTTP/1.1 server.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	front := &h1.Server{Handler: gw.Handler(), Fallback: &http.Server{Handler: gw.Handler()}}
+	go func() { _ = front.Serve(l) }()
+	b.Cleanup(func() { _ = front.Close() })
+	return eng.URL, "http://" + l.Addr().String()
 }
 
 // smallBody is the small non-streamed request of BenchmarkProxy and
