@@ -308,51 +308,36 @@ per request: each is a thread put to sleep or preempted and woken again. Load av
 // change from run to run, so it is written as it was found.
 const whereTimeGoes = `### Where napd's time goes
 
-Profiles of napd under wrk (` + "`perf record -g -p PID`" + ` and ` + "`strace -c -f -p PID`" + `
-at -c32, a Go execution trace at -c1) on the 2-core machine above:
+Profiles of napd under wrk (CPU profiles at -c32, ` + "`strace -c -f -p PID`" + ` and a
+Go execution trace at -c1) on the 2-core machine above:
 
-- napd's own work is not where the time goes. The per-model owner loop
-  (admission, grant, end, the lease tracker) is about 3 % of its CPU, so
-  no admission bypassing the loop was built: the loop stays the only
-  writer of the lifecycle and slot state. With routing by the body's
-  model, API keys, leases, metrics and the usage scan on top, napd uses
-  less CPU per request than the stock Go proxy (the table above), and
-  its latency at one connection is the stock Go proxy's.
-- napd talks to engines with its own HTTP/1.1 client (package
-  ` + "`internal/h1`" + `): the request is written and the answer read on the
-  handler's goroutine, over pooled keep-alive connections. net/http's
-  Transport hands every request to a connection's write loop and read
-  loop goroutines and back, and its read loop parks on the netpoller
-  before each answer is there. Reads per request went from about 4.5 (2.2
-  finding nothing) to about 3.7 (1.6); writes stay at 2, one to each side,
-  the least a proxy can do. Streamed uploads and protocol upgrades still
-  go through net/http's Transport.
-- A request's end no longer wakes the make-room desk's goroutine when no
-  wake waits for memory (the -c1 trace showed that hand-off on every
-  request).
-- Before issue 17 each request also cost two avoidable writes: a timer
-  goroutine flushing the headers of every answer of known length in a
-  write of their own (ReverseProxy with FlushInterval -1), and the request
-  sent to the engine as headers, then body. Both are gone; streams are
-  still flushed per chunk.
-- What remains is Go's HTTP server and runtime on this virtual machine.
-  In the -c1 trace a request spends about 105 µs waiting for the engine
-  and about 180 µs in napd; each of the two socket writes takes about
-  20 µs (a loopback write runs the receiver's TCP path and wakes its idle
-  vCPU), net/http's server starts a goroutine per request to watch the
-  client's connection (its background read) and hands off to it at the
-  end, and each goroutine made runnable wakes an idle P's thread
-  (` + "`futex`" + ` and ` + "`finish_task_switch`" + ` lead the kernel profile). nginx
-  runs the same proxy in one event loop per worker with none of these.
-- Allocations: the gateway adds about 110 per request (table above; 138
-  before napd's own client), most of them in net/http's server and
-  ReverseProxy (header maps, the request clone, contexts).
-
-Closing the rest of the gap to nginx needs napd's own HTTP/1.1 server
-loop for the gateway's hot path (no per-request goroutine, no
-background read, no request clone), keeping every behaviour net/http's
-server gives the gateway today (limits, timeouts, Expect, chunked
-uploads, connection accounting); not built.
+- The clients' side is napd's own HTTP/1.1 server (` + "`internal/h1`" + `,
+  docs/gateway.md): a request is read, handled and answered on its
+  connection's goroutine. net/http's server starts a goroutine per
+  request to watch the client's connection (its background read), hands
+  off to it and back at the end, and allocates the request through
+  textproto; napd's server watches only requests still running after
+  20 ms, and parses a head into one string. Connections it does not
+  serve (chunked uploads, Expect, upgrades, odd heads) go to net/http's.
+- The engines' side is napd's own HTTP/1.1 client (` + "`internal/h1`" + `): the
+  request is written and the answer read on the handler's goroutine over
+  pooled keep-alive connections, where net/http's Transport hands each
+  request to a connection's write loop and read loop goroutines and back.
+- A request's admission and end run on its own goroutine under its
+  model's lock (docs/design.md). Sent to the model's loop goroutine, they
+  cost two hand-offs per request; on an idle machine each woke an idle
+  thread, which at one connection cost more than the admission itself.
+  The -c1 trace now shows no channel wait on the request path: a request
+  waits only for the network, twice (the client's next request, the
+  engine's answer).
+- What remains: the two socket writes, one to each side (about a fifth
+  of napd's CPU at -c32: a loopback write runs the receiver's TCP path),
+  the reads (about a tenth), allocation and garbage collection (about a
+  fifth; the gateway adds about 105 allocations per request, most in
+  ReverseProxy, net/http's answer parsing, contexts and the body's JSON),
+  and the Go runtime's scheduling on a virtual machine whose idle vCPUs
+  are slow to wake. nginx runs the same proxy in one event loop per
+  worker, in C, with none of these.
 
 `
 
