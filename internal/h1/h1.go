@@ -68,7 +68,11 @@ func (t *Transport) now() time.Time {
 // conn is one keep-alive connection. Only the request holding it uses it.
 type conn struct {
 	nc    net.Conn
-	lr    *limitedConn // under br: bounds the answer's head
+	raw   syscall.RawConn       // nc's, for the peek before each reuse; nil: none
+	peek  func(fd uintptr) bool // c.peekFd, made once
+	alive bool                  // what the last peek saw
+	pb    [1]byte               // the peek's buffer
+	lr    *limitedConn          // under br: bounds the answer's head
 	br    *bufio.Reader
 	used  time.Time // when it was put back idle
 	reuse bool      // it served a request before
@@ -205,7 +209,7 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 		// about a microsecond): a connection the engine closed, or one
 		// with bytes nobody asked for (which would be read as the next
 		// request's answer: another client's), is not reused.
-		if now.Sub(c.used) < t.idleTimeout() && open(c.nc) {
+		if now.Sub(c.used) < t.idleTimeout() && c.open() {
 			return c, nil
 		}
 		c.nc.Close()
@@ -216,6 +220,15 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 	}
 	c := &conn{nc: nc, lr: &limitedConn{Conn: nc, left: -1}}
 	c.br = bufio.NewReaderSize(c.lr, 4<<10)
+	// Made once: SyscallConn allocates a RawConn at each call, and a
+	// closure made for each peek would be allocated too.
+	if sc, ok := nc.(syscall.Conn); ok {
+		if c.raw, err = sc.SyscallConn(); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		c.peek = c.peekFd
+	}
 	return c, nil
 }
 
@@ -293,24 +306,22 @@ func (t *Transport) CloseIdleConnections() {
 
 // open reports whether an idle connection is still open: nothing to read
 // (a peek that would block). A closed one reads EOF; one with bytes
-// waiting is out of step and is not reused either.
-func open(nc net.Conn) bool {
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
+// waiting is out of step and is not reused either. Without a RawConn
+// (a Dial's own kind of net.Conn) there is nothing to peek with.
+func (c *conn) open() bool {
+	if c.raw == nil {
 		return true
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	alive := false
-	var b [1]byte
-	cerr := rc.Read(func(fd uintptr) bool {
-		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		alive = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
-		return true // never wait: the answer is now
-	})
-	return cerr == nil && alive
+	c.alive = false
+	err := c.raw.Read(c.peek)
+	return err == nil && c.alive
+}
+
+// peekFd is open's peek at the connection's socket.
+func (c *conn) peekFd(fd uintptr) bool {
+	_, _, err := syscall.Recvfrom(int(fd), c.pb[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	c.alive = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+	return true // never wait: the answer is now
 }
 
 // stopped is a time long past: a deadline set to it fails the blocked

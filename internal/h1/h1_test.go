@@ -361,11 +361,31 @@ func waitClosed(t *testing.T, tr *Transport) {
 	tr.mu.Lock()
 	c := tr.idle[0]
 	tr.mu.Unlock()
-	for deadline := time.Now().Add(10 * time.Second); open(c.nc); {
+	for deadline := time.Now().Add(10 * time.Second); c.open(); {
 		if time.Now().After(deadline) {
 			t.Fatal("the idle connection still reads as open")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// The check before each reuse of a connection allocates nothing: its
+// RawConn and its peek are made once, with the connection.
+func TestReuseCheckAllocatesNothing(t *testing.T) {
+	url, _ := rawServer(t, func(int, *http.Request) (string, bool) {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	tr := &Transport{}
+	defer tr.CloseIdleConnections()
+	roundTrip(t, tr, post(t, context.Background(), url, "{}"))
+	tr.mu.Lock()
+	c := tr.idle[0]
+	tr.mu.Unlock()
+	if !c.open() {
+		t.Fatal("an idle connection to a live engine reads as closed")
+	}
+	if n := testing.AllocsPerRun(100, func() { c.open() }); n != 0 {
+		t.Errorf("%v allocations per check, want 0", n)
 	}
 }
 
