@@ -370,7 +370,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	var resp *http.Response
 	for interim := 0; ; interim++ {
 		c.lr.left = maxHead // the head is bounded; the body is the proxy's to stream
-		resp, err = http.ReadResponse(c.br, req)
+		resp, err = readAnswer(c.br, req)
 		c.lr.left = -1
 		if err == nil && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols && interim == maxInterim {
 			err = errInterim
@@ -556,8 +556,6 @@ func (b *body) finish(complete bool) {
 		b.t.put(b.c)
 		return
 	}
-	// Closed first: net/http's body would otherwise read the rest of an
-	// unfinished answer to its end.
 	b.t.discard(b.c)
 	_ = b.rc.Close()
 }
