@@ -7,11 +7,11 @@ import (
 
 // maxProxyAllocs bounds what the gateway, served by napd's own HTTP/1.1
 // server as the agent serves it, adds to the allocations of a small
-// non-streamed request (98 when written; the same request straight to
-// the engine is subtracted: client and engine allocate alike on both
-// paths). A
-// regression guard for the proxy hot path (docs/bench.md), not a timing:
-// a change that adds allocations per request has to raise it on purpose.
+// non-streamed request (98 when written; the same request straight to the
+// engine is subtracted: client and engine allocate alike on both paths).
+// A regression guard for the proxy hot path (docs/bench.md), not a
+// timing: a change that adds allocations per request has to raise it on
+// purpose.
 const maxProxyAllocs = 110
 
 func TestProxyAllocs(t *testing.T) {
