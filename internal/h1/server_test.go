@@ -1,0 +1,781 @@
+package h1
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// serverName says which server runs a handler: this package's, or the
+// net/http Fallback it hands connections to.
+func serverName(w http.ResponseWriter) string {
+	if _, ok := w.(*response); ok {
+		return "h1"
+	}
+	return "net/http"
+}
+
+// testServer is a Server on a loopback port whose Fallback serves the
+// same handler.
+type testServer struct {
+	*Server
+	addr string
+	done chan struct{} // closed when Serve returned
+	err  error         // what Serve returned
+}
+
+func startServer(t *testing.T, h http.HandlerFunc, configure ...func(*Server)) *testServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Handler: h, Fallback: &http.Server{Handler: h, ErrorLog: log.New(io.Discard, "", 0)}}
+	for _, f := range configure {
+		f(s)
+	}
+	ts := &testServer{Server: s, addr: ln.Addr().String(), done: make(chan struct{})}
+	go func() {
+		ts.err = s.Serve(ln)
+		close(ts.done)
+	}()
+	t.Cleanup(func() {
+		_ = s.Close()
+		<-ts.done
+		// The sweep reads watchAfter, which tests change: it must end
+		// with its server's test.
+		waitFor(t, "the sweep to end", func() bool { return !s.sweeping.Load() })
+	})
+	return ts
+}
+
+// waitFor polls cond until it holds, for at most 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// setWatchAfter shortens the wait before a running request is watched,
+// for one test.
+func setWatchAfter(t *testing.T, d time.Duration) {
+	old := watchAfter
+	watchAfter = d
+	t.Cleanup(func() { watchAfter = old })
+}
+
+// anyConn reports whether one of s's connections satisfies cond, checked
+// under the locks the server's own goroutines take.
+func anyConn(s *Server, cond func(c *serverConn) bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.mu.Lock()
+		ok := cond(c)
+		c.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// rawClient speaks HTTP/1.1 on one connection, byte for byte.
+type rawClient struct {
+	t  *testing.T
+	nc net.Conn
+	br *bufio.Reader
+}
+
+func dialServer(t *testing.T, addr string) *rawClient {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	// No test waits longer for the server.
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	return &rawClient{t: t, nc: nc, br: bufio.NewReader(nc)}
+}
+
+func (c *rawClient) send(s string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.nc, s); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// answer reads one answer to a request of method, body included.
+func (c *rawClient) answer(method string) (*http.Response, string) {
+	c.t.Helper()
+	resp, err := http.ReadResponse(c.br, &http.Request{Method: method})
+	if err != nil {
+		c.t.Fatalf("reading the answer: %v", err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Fatalf("reading the body: %v", err)
+	}
+	return resp, string(b)
+}
+
+// closedByServer asserts that the server closes the connection without
+// sending anything more.
+func (c *rawClient) closedByServer() {
+	c.t.Helper()
+	b, err := io.ReadAll(c.br)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		c.t.Fatalf("%v, want the connection closed by the server", err)
+	}
+	if len(b) > 0 {
+		c.t.Fatalf("%q sent before the close", b)
+	}
+}
+
+func get(path string) string { return "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n" }
+
+// Requests one after another, and two written at once, are served on one
+// connection, each answer in its request's order.
+func TestServerKeepAlive(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", serverName(w), r.URL.Path)
+	})
+	c := dialServer(t, ts.addr)
+	for i := range 3 {
+		c.send(get(fmt.Sprintf("/%d", i)))
+		if _, body := c.answer("GET"); body != fmt.Sprintf("h1 /%d", i) {
+			t.Fatalf("request %d answered %q", i, body)
+		}
+	}
+	c.send(get("/a") + get("/b"))
+	for _, want := range []string{"h1 /a", "h1 /b"} {
+		if _, body := c.answer("GET"); body != want {
+			t.Fatalf("pipelined: %q, want %q", body, want)
+		}
+	}
+}
+
+// How an answer is delimited: a small one gets a Content-Length, a large
+// or flushed one goes chunked, a handler's Content-Length is kept; HEAD,
+// 204 and 304 have no body. Each answer is followed by another on the same
+// connection, so that a byte too many or too few shows.
+func TestServerAnswerFraming(t *testing.T) {
+	large := strings.Repeat("0123456789", 300)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/small":
+			_, _ = io.WriteString(w, "hello")
+		case "/large":
+			for i := 0; i < len(large); i += 1000 {
+				_, _ = io.WriteString(w, large[i:i+1000])
+			}
+		case "/flushed":
+			_, _ = io.WriteString(w, "hel")
+			w.(http.Flusher).Flush()
+			_, _ = io.WriteString(w, "lo")
+		case "/length":
+			w.Header().Set("Content-Length", "5")
+			_, _ = io.WriteString(w, "hel")
+			_, _ = io.WriteString(w, "lo")
+		case "/large-length":
+			w.Header().Set("Content-Length", fmt.Sprint(len(large)))
+			_, _ = io.WriteString(w, large)
+		case "/empty":
+		case "/204", "/304":
+			code := http.StatusNoContent
+			if r.URL.Path == "/304" {
+				code = http.StatusNotModified
+			}
+			w.Header().Set("Content-Length", "5")
+			w.WriteHeader(code)
+			if _, err := io.WriteString(w, "hello"); !errors.Is(err, http.ErrBodyNotAllowed) {
+				panic(fmt.Sprintf("a body written to a %d: %v", code, err))
+			}
+		}
+	})
+	c := dialServer(t, ts.addr)
+	for _, tc := range []struct {
+		path, body string
+		chunked    bool
+		length     string // the Content-Length header; "" for none
+	}{
+		{"/small", "hello", false, "5"},
+		{"/large", large, true, ""},
+		{"/flushed", "hello", true, ""},
+		{"/length", "hello", false, "5"},
+		{"/large-length", large, false, fmt.Sprint(len(large))},
+		{"/empty", "", false, "0"},
+	} {
+		c.send(get(tc.path))
+		resp, body := c.answer("GET")
+		if resp.StatusCode != 200 || body != tc.body {
+			t.Fatalf("%s: %d %q, want %q", tc.path, resp.StatusCode, body, tc.body)
+		}
+		if chunked := slices.Equal(resp.TransferEncoding, []string{"chunked"}); chunked != tc.chunked {
+			t.Errorf("%s: Transfer-Encoding %q, want chunked %v", tc.path, resp.TransferEncoding, tc.chunked)
+		}
+		if got := resp.Header.Get("Content-Length"); got != tc.length {
+			t.Errorf("%s: Content-Length %q, want %q", tc.path, got, tc.length)
+		}
+		if _, err := http.ParseTime(resp.Header.Get("Date")); err != nil {
+			t.Errorf("%s: Date %q: %v", tc.path, resp.Header.Get("Date"), err)
+		}
+	}
+	// HEAD: the head of a GET, without its body.
+	c.send("HEAD /small HTTP/1.1\r\nHost: x\r\n\r\n" + get("/small"))
+	if resp, body := c.answer("HEAD"); resp.StatusCode != 200 || body != "" {
+		t.Fatalf("HEAD: %d %q", resp.StatusCode, body)
+	}
+	if _, body := c.answer("GET"); body != "hello" {
+		t.Fatalf("GET after HEAD: %q", body)
+	}
+	for _, code := range []int{204, 304} {
+		c.send(get(fmt.Sprintf("/%d", code)) + get("/small"))
+		resp, body := c.answer("GET")
+		if resp.StatusCode != code || body != "" || resp.Header["Content-Length"] != nil || resp.TransferEncoding != nil {
+			t.Fatalf("%d: %d %q %v %q", code, resp.StatusCode, body, resp.Header, resp.TransferEncoding)
+		}
+		if _, body := c.answer("GET"); body != "hello" {
+			t.Fatalf("GET after %d: %q", code, body)
+		}
+	}
+}
+
+// An answer shorter than its Content-Length is cut: the connection is
+// closed after it, so the client sees it short instead of waiting.
+func TestServerShortAnswer(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "10")
+		_, _ = io.WriteString(w, "hello")
+	})
+	c := dialServer(t, ts.addr)
+	c.send(get("/"))
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if !errors.Is(err, io.ErrUnexpectedEOF) || string(b) != "hello" {
+		t.Fatalf("%q %v, want hello and unexpected EOF", b, err)
+	}
+}
+
+// Content-Type is sniffed from the body when the handler set none, and
+// left out when the handler set the key (even to nothing).
+func TestServerContentType(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/html":
+			_, _ = io.WriteString(w, "<!DOCTYPE html><html><body>hi")
+		case "/none":
+			w.Header()["Content-Type"] = nil
+			_, _ = io.WriteString(w, "hello")
+		case "/set":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, "hello")
+		case "/large":
+			_, _ = io.WriteString(w, strings.Repeat("a", 3000))
+		default:
+			_, _ = io.WriteString(w, "hello")
+		}
+	})
+	c := dialServer(t, ts.addr)
+	for path, want := range map[string][]string{
+		"/text":  {"text/plain; charset=utf-8"},
+		"/large": {"text/plain; charset=utf-8"},
+		"/html":  {"text/html; charset=utf-8"},
+		"/set":   {"application/json"},
+		"/none":  nil,
+	} {
+		c.send(get(path))
+		if resp, _ := c.answer("GET"); !slices.Equal(resp.Header["Content-Type"], want) {
+			t.Errorf("%s: Content-Type %q, want %q", path, resp.Header["Content-Type"], want)
+		}
+	}
+}
+
+// A 1xx answer goes out at once, with the handler's header but no
+// Content-Length; the final answer follows.
+func TestServerInterim(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</a.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		_, _ = io.WriteString(w, "ok")
+	})
+	c := dialServer(t, ts.addr)
+	c.send(get("/"))
+	early, _ := c.answer("GET")
+	if early.StatusCode != 103 || early.Header.Get("Link") != "</a.css>; rel=preload" || early.Header["Content-Length"] != nil {
+		t.Fatalf("interim: %d %v", early.StatusCode, early.Header)
+	}
+	if resp, body := c.answer("GET"); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("final: %d %q", resp.StatusCode, body)
+	}
+}
+
+// Trailers, declared with a Trailer header or set with TrailerPrefix,
+// arrive as the chunked answer's trailers, whatever the body's size: an
+// answer with trailers goes chunked, as net/http's does.
+func TestServerTrailers(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		body := "hello"
+		if r.URL.Query().Has("large") {
+			body = strings.Repeat("a", 3000)
+		}
+		if r.URL.Path == "/declared" {
+			w.Header().Set("Trailer", "X-Sum")
+		}
+		_, _ = io.WriteString(w, body)
+		if r.URL.Path == "/declared" {
+			w.Header().Set("X-Sum", "42")
+		} else {
+			w.Header().Set(http.TrailerPrefix+"X-Sum", "42")
+		}
+	})
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for _, path := range []string{"/declared?large", "/prefixed?large"} {
+		resp, err := client.Get("http://" + ts.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || len(b) == 0 {
+			t.Fatalf("%s: %d bytes, %v", path, len(b), err)
+		}
+		if got := resp.Trailer.Get("X-Sum"); got != "42" {
+			t.Errorf("%s: trailer X-Sum %q, want 42 (trailers %v, header %v)", path, got, resp.Trailer, resp.Header)
+		}
+	}
+}
+
+// The connection is closed after the answer, which says so, when the
+// request asks it, when the handler does, or with keep-alives disabled.
+func TestServerConnectionClose(t *testing.T) {
+	h := func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/close" {
+			w.Header().Set("Connection", "close")
+		}
+		_, _ = io.WriteString(w, "ok")
+	}
+	for _, tc := range []struct {
+		name, request string
+		disable       bool
+	}{
+		{"request", "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", false},
+		{"handler", get("/close"), false},
+		{"DisableKeepAlives", get("/"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, h, func(s *Server) { s.DisableKeepAlives = tc.disable })
+			c := dialServer(t, ts.addr)
+			c.send(tc.request)
+			resp, body := c.answer("GET")
+			// resp.Close: the answer said "Connection: close".
+			if body != "ok" || !resp.Close {
+				t.Fatalf("%q close=%v %v", body, resp.Close, resp.Header)
+			}
+			c.closedByServer()
+		})
+	}
+}
+
+// IdleTimeout closes a connection idle between requests; ReadHeaderTimeout
+// one whose head stalls.
+func TestServerTimeouts(t *testing.T) {
+	h := func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }
+	t.Run("idle", func(t *testing.T) {
+		ts := startServer(t, h, func(s *Server) { s.IdleTimeout = 20 * time.Millisecond })
+		c := dialServer(t, ts.addr)
+		c.send(get("/"))
+		c.answer("GET")
+		c.closedByServer()
+	})
+	t.Run("head", func(t *testing.T) {
+		ts := startServer(t, h, func(s *Server) { s.ReadHeaderTimeout = 20 * time.Millisecond })
+		c := dialServer(t, ts.addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n")
+		c.closedByServer()
+	})
+}
+
+// Every request this server does not serve itself goes to the Fallback,
+// with the bytes already read; net/http answers what it refuses.
+func TestServerHandOff(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/ws" {
+			hijackEcho(w)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %s", serverName(w), r.Host, b)
+	})
+	pad := strings.Repeat("a", 5000)
+	for _, tc := range []struct {
+		name, request string
+		status        int
+		body          string
+	}{
+		{"chunked upload", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n", 200, "net/http x hello"},
+		{"head over 4 KiB", "GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + pad + "\r\n\r\n", 200, "net/http x "},
+		{"HTTP/1.0", "GET / HTTP/1.0\r\nHost: x\r\n\r\n", 200, "net/http x "},
+		{"absolute target", "GET http://y/ HTTP/1.1\r\nHost: x\r\n\r\n", 200, "net/http y "},
+		{"obsolete line folding", "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 200, "net/http x "},
+		{"missing Host", "GET / HTTP/1.1\r\n\r\n", 400, ""},
+		{"two Hosts", "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, ""},
+		{"invalid header name", "GET / HTTP/1.1\r\nHost: x\r\nBad@Name: 1\r\n\r\n", 400, ""},
+		{"differing Content-Lengths", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialServer(t, ts.addr)
+			c.send(tc.request)
+			resp, body := c.answer("GET")
+			if resp.StatusCode != tc.status || tc.status == 200 && body != tc.body {
+				t.Fatalf("%d %q, want %d %q", resp.StatusCode, body, tc.status, tc.body)
+			}
+		})
+	}
+	t.Run("expect 100-continue", func(t *testing.T) {
+		c := dialServer(t, ts.addr)
+		c.send("POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+		if resp, _ := c.answer("POST"); resp.StatusCode != 100 {
+			t.Fatalf("%d, want 100 Continue", resp.StatusCode)
+		}
+		c.send("hello")
+		if _, body := c.answer("POST"); body != "net/http x hello" {
+			t.Fatalf("%q", body)
+		}
+	})
+	t.Run("upgrade", func(t *testing.T) {
+		c := dialServer(t, ts.addr)
+		c.send("GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		if resp, _ := c.answer("GET"); resp.StatusCode != 101 {
+			t.Fatalf("%d, want 101", resp.StatusCode)
+		}
+		c.send("ping\n")
+		if line, err := c.br.ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("%q %v", line, err)
+		}
+	})
+	t.Run("after a request served", func(t *testing.T) {
+		c := dialServer(t, ts.addr)
+		c.send(get("/") + "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		for _, want := range []string{"h1 x ", "net/http x hello"} {
+			if _, body := c.answer("GET"); body != want {
+				t.Fatalf("%q, want %q", body, want)
+			}
+		}
+	})
+}
+
+// hijackEcho switches to an echo of lines, as a WebSocket handler
+// switches protocols.
+func hijackEcho(w http.ResponseWriter) {
+	nc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer nc.Close()
+	_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	_ = brw.Flush()
+	line, _ := brw.ReadString('\n')
+	_, _ = brw.WriteString(line)
+	_ = brw.Flush()
+}
+
+// What a handler gets: the request as sent, the Host out of the header,
+// the body's declared bytes and no more, the addresses; its context ends
+// once it returned.
+func TestServerRequest(t *testing.T) {
+	type seen struct {
+		r    *http.Request
+		body string
+		err  error
+	}
+	seenc := make(chan seen, 3)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		seenc <- seen{r, string(b), err}
+		_, _ = io.WriteString(w, "ok")
+	})
+	c := dialServer(t, ts.addr)
+	c.send("POST /v1/chat?a=1&b=%20 HTTP/1.1\r\nHost: example.com:8080\r\nx-multi: 1\r\nX-Multi:2\r\n" +
+		"User-Agent: \t spaced \t\r\nContent-Length: 5\r\n\r\nhello" + get("/next"))
+	c.answer("POST")
+	c.answer("GET")
+	s := <-seenc
+	r := s.r
+	if r.Method != "POST" || r.URL.Path != "/v1/chat" || r.URL.RawQuery != "a=1&b=%20" || r.RequestURI != "/v1/chat?a=1&b=%20" ||
+		r.Proto != "HTTP/1.1" || r.ProtoMajor != 1 || r.ProtoMinor != 1 {
+		t.Errorf("request line: %s %v %q %s", r.Method, r.URL, r.RequestURI, r.Proto)
+	}
+	if r.Host != "example.com:8080" || r.Header["Host"] != nil {
+		t.Errorf("Host %q, header %q", r.Host, r.Header["Host"])
+	}
+	if !slices.Equal(r.Header["X-Multi"], []string{"1", "2"}) || !slices.Equal(r.Header["User-Agent"], []string{"spaced"}) {
+		t.Errorf("header %q", r.Header)
+	}
+	if r.ContentLength != 5 || s.body != "hello" || s.err != nil {
+		t.Errorf("body: length %d, %q %v", r.ContentLength, s.body, s.err)
+	}
+	if r.RemoteAddr != c.nc.LocalAddr().String() || r.Close {
+		t.Errorf("RemoteAddr %q (want %q), Close %v", r.RemoteAddr, c.nc.LocalAddr(), r.Close)
+	}
+	if la, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr); la == nil || la.String() != ts.addr {
+		t.Errorf("LocalAddrContextKey %v, want %s", la, ts.addr)
+	}
+	select {
+	case <-r.Context().Done():
+	default:
+		t.Error("the request's context is not done after its handler returned")
+	}
+	if next := <-seenc; next.r.URL.Path != "/next" || next.body != "" || next.r.ContentLength != 0 {
+		t.Errorf("next request: %s %q %d", next.r.URL, next.body, next.r.ContentLength)
+	}
+	c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n")
+	c.answer("GET")
+	if r := (<-seenc).r; !r.Close {
+		t.Error("Connection: close read as Close false")
+	}
+}
+
+// A request running past watchAfter is watched: the client leaving ends
+// its context. A request the client sent meanwhile is served after it,
+// whole.
+func TestServerClientGone(t *testing.T) {
+	setWatchAfter(t, 5*time.Millisecond)
+	running := make(chan struct{}, 1)
+	released := make(chan struct{})
+	release := make(chan struct{})
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch r.URL.Path {
+		case "/wait":
+			running <- struct{}{}
+			<-r.Context().Done()
+			close(released)
+		case "/slow":
+			<-release
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	})
+	t.Run("left", func(t *testing.T) {
+		c := dialServer(t, ts.addr)
+		c.send("POST /wait HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+		<-running
+		c.nc.Close()
+		select {
+		case <-released:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handler's context did not end when the client left")
+		}
+	})
+	t.Run("pipelined", func(t *testing.T) {
+		c := dialServer(t, ts.addr)
+		c.send(get("/slow"))
+		waitFor(t, "the watch", func() bool { return anyConn(ts.Server, func(c *serverConn) bool { return c.watch == watchRunning }) })
+		c.send(get("/next"))
+		waitFor(t, "the background read's byte", func() bool { return anyConn(ts.Server, func(c *serverConn) bool { return c.cr.hasOne }) })
+		close(release)
+		for _, want := range []string{"/slow", "/next"} {
+			if _, body := c.answer("GET"); body != want {
+				t.Fatalf("%q, want %q", body, want)
+			}
+		}
+	})
+}
+
+// A body the handler leaves unread is read past to serve the next
+// request, if small; a large one closes the connection.
+func TestServerUnreadBody(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.URL.Path) })
+	c := dialServer(t, ts.addr)
+	c.send("POST /ignore HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789" + get("/next"))
+	for _, want := range []string{"/ignore", "/next"} {
+		if _, body := c.answer("GET"); body != want {
+			t.Fatalf("%q, want %q", body, want)
+		}
+	}
+
+	c = dialServer(t, ts.addr)
+	size := maxDiscard + 1<<10
+	go func() {
+		_, _ = io.WriteString(c.nc, fmt.Sprintf("POST /large HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size))
+		_, _ = c.nc.Write(make([]byte, size)) // fails once the server closed
+	}()
+	if resp, body := c.answer("POST"); body != "/large" || !resp.Close {
+		t.Fatalf("%q close=%v", body, resp.Close)
+	}
+	if _, err := io.Copy(io.Discard, c.br); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("%v, want the connection closed", err)
+	}
+}
+
+// A handler's panic ends its connection, not the server: with
+// http.ErrAbortHandler the answer is cut, unlogged; another value is
+// logged.
+func TestServerPanic(t *testing.T) {
+	var logged bytes.Buffer
+	var logMu sync.Mutex
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/abort":
+			_, _ = io.WriteString(w, strings.Repeat("a", 3000))
+			w.(http.Flusher).Flush()
+			_, _ = io.WriteString(w, "b")
+			panic(http.ErrAbortHandler)
+		case "/boom":
+			panic("boom")
+		}
+		_, _ = io.WriteString(w, "ok")
+	}, func(s *Server) { s.Log = slog.New(slog.NewTextHandler(&lockedWriter{w: &logged, mu: &logMu}, nil)) })
+
+	c := dialServer(t, ts.addr)
+	c.send(get("/abort"))
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(resp.Body); err == nil {
+		t.Fatalf("an aborted answer read whole (%d bytes)", len(b))
+	}
+	c = dialServer(t, ts.addr)
+	c.send(get("/boom"))
+	c.closedByServer()
+	c = dialServer(t, ts.addr)
+	c.send(get("/"))
+	if _, body := c.answer("GET"); body != "ok" {
+		t.Fatalf("after the panics: %q", body)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if out := logged.String(); strings.Count(out, "panic serving") != 1 || !strings.Contains(out, "boom") {
+		t.Errorf("log: %s", out)
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// Shutdown closes idle connections at once, lets a running request finish
+// (its answer says close), then returns; Serve returns ErrServerClosed.
+func TestServerShutdown(t *testing.T) {
+	running := make(chan struct{})
+	release := make(chan struct{})
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(running)
+			<-release
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	})
+	idle := dialServer(t, ts.addr)
+	idle.send(get("/"))
+	idle.answer("GET")
+	busy := dialServer(t, ts.addr)
+	busy.send(get("/slow"))
+	<-running
+	shut := make(chan error, 1)
+	go func() { shut <- ts.Shutdown(context.Background()) }()
+	idle.closedByServer()
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a request running", err)
+	default:
+	}
+	close(release)
+	if resp, body := busy.answer("GET"); body != "/slow" || !resp.Close {
+		t.Fatalf("%q close=%v", body, resp.Close)
+	}
+	busy.closedByServer()
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	<-ts.done
+	if !errors.Is(ts.err, http.ErrServerClosed) {
+		t.Fatalf("Serve: %v, want ErrServerClosed", ts.err)
+	}
+	if _, err := net.Dial("tcp", ts.addr); err == nil {
+		t.Error("the listener still accepts")
+	}
+}
+
+// Shutdown with a context that ends first returns its error; Close closes
+// every connection at once.
+func TestServerShutdownExpiredAndClose(t *testing.T) {
+	running := make(chan struct{}, 1)
+	release := make(chan struct{})
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			running <- struct{}{}
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	defer close(release)
+	idle := dialServer(t, ts.addr)
+	idle.send(get("/"))
+	idle.answer("GET")
+	busy := dialServer(t, ts.addr)
+	busy.send(get("/slow"))
+	<-running
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := ts.Shutdown(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Shutdown with an ended context: %v, want context.Canceled", err)
+	}
+	if err := ts.Close(); err != nil {
+		t.Fatal(err)
+	}
+	idle.closedByServer()
+	busy.closedByServer()
+	<-ts.done
+	if !errors.Is(ts.err, http.ErrServerClosed) {
+		t.Fatalf("Serve: %v", ts.err)
+	}
+}
+
+// http.ResponseController works on the writer: Flush sends the answer so
+// far, the deadlines are set; and a deadline a handler set ends with its
+// request, as net/http's does.
+func TestServerResponseController(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_, _ = io.WriteString(w, "a")
+		errs := []error{rc.Flush(), rc.SetReadDeadline(time.Now().Add(time.Minute)), rc.SetWriteDeadline(time.Now().Add(time.Minute))}
+		fmt.Fprintf(w, "%v", errs)
+	})
+	c := dialServer(t, ts.addr)
+	c.send(get("/"))
+	if resp, body := c.answer("GET"); body != "a[<nil> <nil> <nil>]" || resp.TransferEncoding == nil {
+		t.Fatalf("%q %q, want a flushed (chunked) answer and no errors", body, resp.TransferEncoding)
+	}
+}
