@@ -495,6 +495,9 @@ func (h *handedConn) Read(p []byte) (int, error) { return h.r.Read(p) }
 // may still be sending a body nobody read.
 func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
 	s := c.s
+	// The body as parsed: the handler may replace r.Body, or hand it to a
+	// goroutine that outlives it.
+	body, _ := r.Body.(*reqBody)
 	ctx, cancel := context.WithCancel(c.ctx)
 	r = r.WithContext(ctx)
 	w := &response{c: c, req: r, header: make(http.Header), cl: -1}
@@ -516,13 +519,14 @@ func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
 		// answer cut, not ended.
 		w.err = errPanicked
 		w.finish()
+		if body != nil {
+			body.end(false)
+		}
 		return false, false
 	}
 	w.finish()
-	unread = !c.bodyDone
-	if body, ok := r.Body.(*reqBody); ok && unread && !w.closeAfter {
-		w.closeAfter = !body.discard()
-		unread = w.closeAfter
+	if body != nil && !body.end(!w.closeAfter) {
+		w.closeAfter, unread = true, true
 	}
 	c.bodyDone = false
 	c.state.Store(stateIdle)
@@ -674,13 +678,18 @@ func (c *serverConn) linger() {
 // reqBody is a request body of known length, read from the connection's
 // buffer.
 type reqBody struct {
-	c      *serverConn
+	c *serverConn
+	// mu: a handler may pass the body to a goroutine (a RoundTripper's)
+	// that reads or closes it while, or after, the handler returns.
+	mu     sync.Mutex
 	left   int64
-	closed bool
+	closed bool // by the handler, or by the server once it returned
 	err    error
 }
 
 func (b *reqBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	switch {
 	case b.closed:
 		return 0, http.ErrBodyReadAfterClose
@@ -708,19 +717,30 @@ func (b *reqBody) Read(p []byte) (int, error) {
 }
 
 func (b *reqBody) Close() error {
+	b.mu.Lock()
 	b.closed = true
+	b.mu.Unlock()
 	return nil
 }
 
-// discard reads what the handler left of the body, if it is little and
-// comes at once; false: the connection cannot serve another request.
-func (b *reqBody) discard() bool {
-	if b.err != nil || b.left > maxDiscard {
+// end takes the body back from the handler, which returned: later reads
+// fail, as net/http's do, instead of reading the next request. With
+// discard, it reads what the handler left of the body, if it is little
+// and comes at once. false: the connection cannot serve another request.
+func (b *reqBody) end(discard bool) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if b.left == 0 {
+		return true
+	}
+	if !discard || b.err != nil || b.left > maxDiscard {
 		return false
 	}
 	_ = b.c.nc.SetReadDeadline(time.Now().Add(time.Second))
 	defer func() { _ = b.c.nc.SetReadDeadline(time.Time{}) }()
-	_, err := b.c.br.Discard(int(b.left))
+	n, err := b.c.br.Discard(int(b.left))
+	b.left -= int64(n)
 	return err == nil
 }
 

@@ -631,6 +631,70 @@ func TestServerUnreadBody(t *testing.T) {
 	}
 }
 
+// The body stays the server's whatever the handler does with r.Body:
+// replaced by a wrapper it did not read, or read by a goroutine after the
+// handler returned, its bytes are never parsed as a request, and the
+// next request's bytes are never read as the body.
+func TestServerBodyAfterHandler(t *testing.T) {
+	paths := make(chan string, 10)
+	lateRead := make(chan struct{})
+	late := make(chan error, 1)
+	blocked := make(chan struct{})
+	unblock := make(chan struct{})
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		paths <- r.URL.Path
+		switch r.URL.Path {
+		case "/wrapped":
+			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		case "/late":
+			body := r.Body
+			go func() {
+				<-lateRead
+				n, err := body.Read(make([]byte, 64))
+				if n > 0 {
+					err = fmt.Errorf("read %d bytes after the handler returned", n)
+				}
+				late <- err
+			}()
+		case "/block":
+			close(blocked)
+			<-unblock
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	})
+	smuggled := get("/smuggled")
+	c := dialServer(t, ts.addr)
+	c.send(fmt.Sprintf("POST /wrapped HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(smuggled), smuggled) + get("/next"))
+	for _, want := range []string{"/wrapped", "/next"} {
+		if _, body := c.answer("GET"); body != want {
+			t.Fatalf("%q, want %q", body, want)
+		}
+	}
+
+	c.send("POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789" + get("/block"))
+	c.answer("POST")
+	<-blocked
+	c.send(get("/after")) // not read before /block's handler returns
+	close(lateRead)
+	if err := <-late; !errors.Is(err, http.ErrBodyReadAfterClose) {
+		t.Errorf("a read of the body after its handler returned: %v, want ErrBodyReadAfterClose", err)
+	}
+	close(unblock)
+	for _, want := range []string{"/block", "/after"} {
+		if _, body := c.answer("GET"); body != want {
+			t.Fatalf("%q, want %q", body, want)
+		}
+	}
+	close(paths)
+	var got []string
+	for p := range paths {
+		got = append(got, p)
+	}
+	if want := []string{"/wrapped", "/next", "/late", "/block", "/after"}; !slices.Equal(got, want) {
+		t.Errorf("handlers ran for %q, want %q", got, want)
+	}
+}
+
 // A handler's panic ends its connection, not the server: with
 // http.ErrAbortHandler the answer is cut, unlogged; another value is
 // logged.
