@@ -149,9 +149,15 @@ func (w *response) body(p []byte) (int, error) {
 func (w *response) commit(chunked bool, next []byte) {
 	w.committed = true
 	h := w.header
+	trailers := trailerOf(h)
 	if w.noBody {
 		chunked = false
-	} else if _, ok := h["Content-Type"]; !ok && h.Get("Content-Encoding") == "" {
+	} else if w.cl < 0 && (len(trailers) > 0 || hasPrefixed(h)) {
+		// Trailers need the chunked framing, however small the body
+		// (net/http does the same).
+		chunked = true
+	}
+	if _, ok := h["Content-Type"]; !ok && !w.noBody && h.Get("Content-Encoding") == "" {
 		first := w.pending
 		if len(first) == 0 {
 			first = next
@@ -180,7 +186,7 @@ func (w *response) commit(chunked bool, next []byte) {
 		w.cl = int64(len(w.pending))
 		extra = 2
 	}
-	w.writeHeader(bw, trailerOf(h))
+	w.writeHeader(bw, trailers)
 	switch {
 	case extra == 1:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -236,6 +242,16 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 func contains(list []string, k string) bool {
 	for _, s := range list {
 		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+// hasPrefixed reports whether h has a trailer set with http.TrailerPrefix.
+func hasPrefixed(h http.Header) bool {
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
 			return true
 		}
 	}

@@ -352,7 +352,7 @@ func TestServerTrailers(t *testing.T) {
 	})
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
-	for _, path := range []string{"/declared?large", "/prefixed?large"} {
+	for _, path := range []string{"/declared", "/declared?large", "/prefixed", "/prefixed?large"} {
 		resp, err := client.Get("http://" + ts.addr + path)
 		if err != nil {
 			t.Fatal(err)
