@@ -31,6 +31,7 @@ type response struct {
 
 	closeAfter bool
 	err        error // the first write error: the connection is done
+	deadlines  bool  // the handler set one, on the connection
 }
 
 var errAfterReturn = errors.New("h1: write after the handler returned")
@@ -294,9 +295,16 @@ func (w *response) FlushError() error {
 func (w *response) Flush() { _ = w.FlushError() }
 
 // SetReadDeadline and SetWriteDeadline let http.ResponseController bound
-// the connection's reads (the body) and writes.
-func (w *response) SetReadDeadline(t time.Time) error  { return w.c.nc.SetReadDeadline(t) }
-func (w *response) SetWriteDeadline(t time.Time) error { return w.c.nc.SetWriteDeadline(t) }
+// the connection's reads (the body) and writes, for this request only.
+func (w *response) SetReadDeadline(t time.Time) error {
+	w.deadlines = true
+	return w.c.nc.SetReadDeadline(t)
+}
+
+func (w *response) SetWriteDeadline(t time.Time) error {
+	w.deadlines = true
+	return w.c.nc.SetWriteDeadline(t)
+}
 
 // finish ends the answer after the handler returned: the head if none
 // went out, the last chunk and the trailers, and one flush.

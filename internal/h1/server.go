@@ -525,6 +525,12 @@ func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
 		return false, false
 	}
 	w.finish()
+	if w.deadlines {
+		// They end with the request, as net/http's do: the next one
+		// would fail at them.
+		_ = c.nc.SetReadDeadline(time.Time{})
+		_ = c.nc.SetWriteDeadline(time.Time{})
+	}
 	if body != nil && !body.end(!w.closeAfter) {
 		w.closeAfter, unread = true, true
 	}

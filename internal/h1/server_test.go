@@ -833,6 +833,16 @@ func TestServerShutdownExpiredAndClose(t *testing.T) {
 func TestServerResponseController(t *testing.T) {
 	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
+		if r.URL.Path == "/past" {
+			// The whole answer goes out first, then the deadlines pass.
+			w.Header().Set("Content-Length", "2")
+			_, _ = io.WriteString(w, "ok")
+			err := errors.Join(rc.Flush(), rc.SetReadDeadline(time.Unix(1, 0)), rc.SetWriteDeadline(time.Unix(1, 0)))
+			if err != nil {
+				panic(err)
+			}
+			return
+		}
 		_, _ = io.WriteString(w, "a")
 		errs := []error{rc.Flush(), rc.SetReadDeadline(time.Now().Add(time.Minute)), rc.SetWriteDeadline(time.Now().Add(time.Minute))}
 		fmt.Fprintf(w, "%v", errs)
@@ -841,5 +851,13 @@ func TestServerResponseController(t *testing.T) {
 	c.send(get("/"))
 	if resp, body := c.answer("GET"); body != "a[<nil> <nil> <nil>]" || resp.TransferEncoding == nil {
 		t.Fatalf("%q %q, want a flushed (chunked) answer and no errors", body, resp.TransferEncoding)
+	}
+	c.send(get("/past"))
+	if _, body := c.answer("GET"); body != "ok" {
+		t.Fatalf("%q", body)
+	}
+	c.send(get("/"))
+	if _, body := c.answer("GET"); body != "a[<nil> <nil> <nil>]" {
+		t.Fatalf("after a request that set deadlines: %q", body)
 	}
 }
