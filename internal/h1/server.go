@@ -349,6 +349,10 @@ func (c *serverConn) next() (*http.Request, bool) {
 	}
 	if s.ReadHeaderTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(s.ReadHeaderTimeout))
+	} else if s.IdleTimeout > 0 {
+		// The idle wait's deadline does not bound the head (nor does
+		// net/http's).
+		_ = c.nc.SetReadDeadline(time.Time{})
 	}
 	var head []byte
 	for {

@@ -418,6 +418,22 @@ func TestServerTimeouts(t *testing.T) {
 	})
 }
 
+// With an IdleTimeout and no ReadHeaderTimeout, a head that began within
+// the IdleTimeout is read however long it takes, as net/http does: the
+// idle wait's deadline does not also bound the head.
+func TestServerIdleTimeoutEndsWithFirstByte(t *testing.T) {
+	const idle = 50 * time.Millisecond
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") },
+		func(s *Server) { s.IdleTimeout = idle })
+	c := dialServer(t, ts.addr)
+	c.send("GET / HT")
+	time.Sleep(3 * idle) // past the idle wait's deadline
+	c.send("TP/1.1\r\nHost: x\r\n\r\n")
+	if _, body := c.answer("GET"); body != "ok" {
+		t.Fatalf("%q", body)
+	}
+}
+
 // Every request this server does not serve itself goes to the Fallback,
 // with the bytes already read; net/http answers what it refuses.
 func TestServerHandOff(t *testing.T) {
