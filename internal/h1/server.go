@@ -361,8 +361,8 @@ func (c *serverConn) next() (*http.Request, bool) {
 			head = buf[:i+4]
 			break
 		}
-		if c.br.Buffered() == bufSize {
-			return nil, true // too large for this server: net/http's
+		if c.br.Buffered() == bufSize || bareLF(buf) {
+			return nil, true // too large, or lines net/http reads and this server does not
 		}
 		if _, err := c.br.Peek(c.br.Buffered() + 1); err != nil {
 			if c.br.Buffered() > 0 && !isTimeout(err) {
@@ -379,6 +379,21 @@ func (c *serverConn) next() (*http.Request, bool) {
 	}
 	_, _ = c.br.Discard(len(head))
 	return r, true
+}
+
+// bareLF reports whether b has a line feed without a carriage return
+// before it.
+func bareLF(b []byte) bool {
+	for i := 0; ; {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return false
+		}
+		if i+j == 0 || b[i+j-1] != '\r' {
+			return true
+		}
+		i += j + 1
+	}
 }
 
 func isTimeout(err error) bool {

@@ -456,6 +456,8 @@ func TestServerHandOff(t *testing.T) {
 		{"HTTP/1.0", "GET / HTTP/1.0\r\nHost: x\r\n\r\n", 200, "net/http x "},
 		{"absolute target", "GET http://y/ HTTP/1.1\r\nHost: x\r\n\r\n", 200, "net/http y "},
 		{"obsolete line folding", "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 200, "net/http x "},
+		{"bare line feeds", "GET / HTTP/1.1\nHost: x\n\n", 200, "net/http x "},
+		{"a bare line feed", "GET / HTTP/1.1\r\nHost: x\n\r\n", 200, "net/http x "},
 		{"missing Host", "GET / HTTP/1.1\r\n\r\n", 400, ""},
 		{"two Hosts", "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, ""},
 		{"invalid header name", "GET / HTTP/1.1\r\nHost: x\r\nBad@Name: 1\r\n\r\n", 400, ""},
