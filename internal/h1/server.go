@@ -421,7 +421,7 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 	values := make([]string, 0, lines)
 	host, hosts := "", 0
 	cl := int64(0)
-	hasCL := false
+	hasCL, clAt := false, 0
 	closeReq := false
 	for rest != "" {
 		var kv string
@@ -445,11 +445,19 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 		case "Transfer-Encoding", "Expect", "Upgrade", "Te", "Http2-Settings":
 			return nil, false
 		case "Content-Length":
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 0 || v[0] == '+' || hasCL && n != cl {
+			// As net/http: digits only, and repeats must be the same
+			// text, kept once.
+			if hasCL {
+				if v != values[clAt] {
+					return nil, false
+				}
+				continue
+			}
+			n, err := strconv.ParseUint(v, 10, 63)
+			if err != nil {
 				return nil, false
 			}
-			cl, hasCL = n, true
+			cl, hasCL, clAt = int64(n), true, len(values)
 		case "Connection":
 			for tok := range strings.SplitSeq(v, ",") {
 				switch strings.ToLower(strings.TrimSpace(tok)) {

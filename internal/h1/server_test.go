@@ -458,6 +458,8 @@ func TestServerHandOff(t *testing.T) {
 		{"obsolete line folding", "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 200, "net/http x "},
 		{"bare line feeds", "GET / HTTP/1.1\nHost: x\n\n", 200, "net/http x "},
 		{"a bare line feed", "GET / HTTP/1.1\r\nHost: x\n\r\n", 200, "net/http x "},
+		{"Content-Lengths differing in writing", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 02\r\n\r\nab", 400, ""},
+		{"signed Content-Length", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -0\r\n\r\n", 400, ""},
 		{"missing Host", "GET / HTTP/1.1\r\n\r\n", 400, ""},
 		{"two Hosts", "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, ""},
 		{"invalid header name", "GET / HTTP/1.1\r\nHost: x\r\nBad@Name: 1\r\n\r\n", 400, ""},
@@ -570,10 +572,15 @@ func TestServerRequest(t *testing.T) {
 	if next := <-seenc; next.r.URL.Path != "/next" || next.body != "" || next.r.ContentLength != 0 {
 		t.Errorf("next request: %s %q %d", next.r.URL, next.body, next.r.ContentLength)
 	}
-	c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n")
-	c.answer("GET")
-	if r := (<-seenc).r; !r.Close {
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: keep-alive, Close\r\nContent-Length: 2\r\n\r\nhi")
+	c.answer("POST")
+	last := <-seenc
+	if !last.r.Close {
 		t.Error("Connection: close read as Close false")
+	}
+	// A Content-Length repeated is one, as net/http has it.
+	if cl := last.r.Header["Content-Length"]; !slices.Equal(cl, []string{"2"}) || last.body != "hi" {
+		t.Errorf("Content-Length %q, body %q", cl, last.body)
 	}
 }
 
