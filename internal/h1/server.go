@@ -381,6 +381,18 @@ func (c *serverConn) next() (*http.Request, bool) {
 	return r, true
 }
 
+// validHost: a Host net/http serves (httpguts.ValidHostHeader), not
+// empty; net/http answers 400 to the others.
+func validHost(h string) bool {
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!$%&'()*+,-.:;=[]_~", c) >= 0) {
+			return false
+		}
+	}
+	return h != ""
+}
+
 // bareLF reports whether b has a line feed without a carriage return
 // before it.
 func bareLF(b []byte) bool {
@@ -471,7 +483,7 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 		values = append(values, v)
 		h[k] = append(h[k], values[len(values)-1:len(values):len(values)]...)
 	}
-	if hosts != 1 || !printable(host) {
+	if hosts != 1 || !validHost(host) {
 		return nil, false
 	}
 	var body io.ReadCloser = http.NoBody

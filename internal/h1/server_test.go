@@ -462,6 +462,7 @@ func TestServerHandOff(t *testing.T) {
 		{"signed Content-Length", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -0\r\n\r\n", 400, ""},
 		{"missing Host", "GET / HTTP/1.1\r\n\r\n", 400, ""},
 		{"two Hosts", "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, ""},
+		{"malformed Host", "GET / HTTP/1.1\r\nHost: x<y\r\n\r\n", 400, ""},
 		{"invalid header name", "GET / HTTP/1.1\r\nHost: x\r\nBad@Name: 1\r\n\r\n", 400, ""},
 		{"differing Content-Lengths", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400, ""},
 	} {
