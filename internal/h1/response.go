@@ -65,7 +65,7 @@ func (w *response) WriteHeader(code int) {
 }
 
 // interim sends a 1xx answer at once (103 Early Hints), with the header as
-// it is.
+// it is but for Content-Length (as net/http).
 func (w *response) interim(code int) {
 	bw := w.writer()
 	bw.WriteString("HTTP/1.1 ")
@@ -221,7 +221,8 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 			}
 			continue
 		case "Content-Length":
-			if w.noBody && w.req.Method != http.MethodHead {
+			// Status 0: a 1xx, which has no body to measure.
+			if w.status == 0 || w.noBody && w.req.Method != http.MethodHead {
 				continue
 			}
 		}

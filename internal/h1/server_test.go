@@ -317,6 +317,7 @@ func TestServerContentType(t *testing.T) {
 func TestServerInterim(t *testing.T) {
 	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</a.css>; rel=preload")
+		w.Header().Set("Content-Length", "2")
 		w.WriteHeader(http.StatusEarlyHints)
 		_, _ = io.WriteString(w, "ok")
 	})
