@@ -30,6 +30,7 @@ type response struct {
 	done      bool   // the handler returned
 
 	closeAfter bool
+	sayClose   bool  // the head's Connection is "close", not the handler's
 	err        error // the first write error: the connection is done
 	deadlines  bool  // the handler set one, on the connection
 }
@@ -172,10 +173,13 @@ func (w *response) commit(chunked bool, next []byte) {
 		h["Date"] = []string{date()}
 	}
 	c := w.c
-	if w.req.Close || c.s.DisableKeepAlives || c.s.shutting.Load() || !c.bodyDone && w.req.ContentLength > maxDiscard ||
-		strings.EqualFold(h.Get("Connection"), "close") {
+	saysClose := hasToken(h["Connection"], "close")
+	if w.req.Close || c.s.DisableKeepAlives || c.s.shutting.Load() || !c.bodyDone && w.req.ContentLength > maxDiscard || saysClose {
 		w.closeAfter = true
 	}
+	// A closing answer says so, whatever Connection the handler set
+	// (net/http does the same).
+	w.sayClose = w.closeAfter && !saysClose
 	bw := w.writer()
 	bw.WriteString("HTTP/1.1 ")
 	bw.WriteString(statusLine(w.status))
@@ -197,10 +201,8 @@ func (w *response) commit(chunked bool, next []byte) {
 		bw.Write(strconv.AppendInt(n[:0], w.cl, 10))
 		bw.WriteString("\r\n")
 	}
-	if w.closeAfter {
-		if _, ok := h["Connection"]; !ok {
-			bw.WriteString("Connection: close\r\n")
-		}
+	if w.sayClose {
+		bw.WriteString("Connection: close\r\n")
 	}
 	bw.WriteString("\r\n")
 	if len(w.pending) > 0 {
@@ -220,6 +222,10 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 				break
 			}
 			continue
+		case "Connection":
+			if w.sayClose {
+				continue
+			}
 		case "Content-Length":
 			// Status 0: a 1xx, which has no body to measure.
 			if w.status == 0 || w.noBody && w.req.Method != http.MethodHead {

@@ -400,6 +400,21 @@ func TestServerConnectionClose(t *testing.T) {
 	}
 }
 
+// When the request asks for the close, the answer says close even where
+// the handler said keep-alive, as net/http's does.
+func TestServerConnectionCloseOverridesHandler(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "keep-alive")
+		_, _ = io.WriteString(w, "ok")
+	})
+	c := dialServer(t, ts.addr)
+	c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if resp, _ := c.answer("GET"); !resp.Close {
+		t.Fatalf("Connection %q, want close", resp.Header["Connection"])
+	}
+	c.closedByServer()
+}
+
 // IdleTimeout closes a connection idle between requests; ReadHeaderTimeout
 // one whose head stalls.
 func TestServerTimeouts(t *testing.T) {
