@@ -472,10 +472,10 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 			cl, hasCL, clAt = int64(n), true, len(values)
 		case "Connection":
 			for tok := range strings.SplitSeq(v, ",") {
-				switch strings.ToLower(strings.TrimSpace(tok)) {
-				case "close":
+				switch {
+				case asciiEqualFold(trimOWS(tok), "close"):
 					closeReq = true
-				case "upgrade":
+				case asciiEqualFold(trimOWS(tok), "upgrade"):
 					return nil, false
 				}
 			}
@@ -485,6 +485,10 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 	}
 	if hosts != 1 || !validHost(host) {
 		return nil, false
+	}
+	// As net/http reads it (for HTTP/1.0 caches).
+	if p := h["Pragma"]; len(p) > 0 && p[0] == "no-cache" && h["Cache-Control"] == nil {
+		h["Cache-Control"] = []string{"no-cache"}
 	}
 	var body io.ReadCloser = http.NoBody
 	c.bodyDone = true

@@ -903,3 +903,50 @@ func TestServerResponseController(t *testing.T) {
 		t.Fatalf("after a request that set deadlines: %q", body)
 	}
 }
+
+// FuzzServerHead: whatever the head, parse never panics, and a head it
+// accepts net/http reads alike.
+func FuzzServerHead(f *testing.F) {
+	for _, seed := range []string{
+		get("/"),
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost:8080\r\nContent-Type: application/json\r\nContent-Length: 17\r\nAuthorization: Bearer sk-x\r\n\r\n",
+		"GET /v1/models?x=1 HTTP/1.1\r\nHost: [::1]:80\r\nAccept: */*\r\naccept: text/plain\r\nConnection: keep-alive, close\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nPragma: no-cache\r\nX-Empty:\r\nX-Tab:\tv\t\r\n\r\n",
+		"GET /a%20b HTTP/1.1\r\nHost: x\r\nX-Obs: caf\xc3\xa9\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\xc2\x85\r\n\r\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		head := in
+		if i := bytes.Index(in, []byte("\r\n\r\n")); i >= 0 {
+			head = in[:i+4]
+		} else {
+			head = append(bytes.Clone(in), "\r\n\r\n"...)
+		}
+		c := &serverConn{s: &Server{}}
+		r, ok := c.parse(head)
+		if !ok {
+			return
+		}
+		want, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
+		if err != nil {
+			t.Fatalf("parse accepted %q, net/http: %v", head, err)
+		}
+		if r.Method != want.Method || r.RequestURI != want.RequestURI || r.URL.String() != want.URL.String() ||
+			r.Host != want.Host || r.ContentLength != want.ContentLength || r.Close != want.Close {
+			t.Fatalf("%q: parsed %s %q %q %d %v, net/http %s %q %q %d %v", head,
+				r.Method, r.RequestURI, r.Host, r.ContentLength, r.Close,
+				want.Method, want.RequestURI, want.Host, want.ContentLength, want.Close)
+		}
+		if len(r.Header) != len(want.Header) {
+			t.Fatalf("%q: header %q, net/http %q", head, r.Header, want.Header)
+		}
+		for k, vs := range want.Header {
+			if !slices.Equal(r.Header[k], vs) {
+				t.Fatalf("%q: header %q, net/http %q", head, r.Header, want.Header)
+			}
+		}
+	})
+}
