@@ -151,6 +151,11 @@ func (w *response) body(p []byte) (int, error) {
 func (w *response) commit(chunked bool, next []byte) {
 	w.committed = true
 	h := w.header
+	if w.cl < 0 {
+		// Set after WriteHeader, which read none: not the answer's
+		// (net/http ignores it too), which this server frames.
+		delete(h, "Content-Length")
+	}
 	trailers := trailerOf(h)
 	if w.noBody {
 		chunked = false

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strings"
 	"sync"
@@ -257,6 +258,47 @@ func TestServerAnswerFraming(t *testing.T) {
 			t.Fatalf("GET after %d: %q", code, body)
 		}
 	}
+}
+
+// A Content-Length the handler sets after WriteHeader is not the
+// answer's (net/http ignores it too): the server frames the answer, with
+// one Content-Length or chunked, never both.
+func TestServerLengthAfterWriteHeader(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.Header().Set("Content-Length", "7")
+		n := 5
+		if r.URL.Path == "/large" {
+			n = 3000
+		}
+		_, _ = io.WriteString(w, strings.Repeat("a", n))
+	})
+	for _, tc := range []struct{ path, length, te string }{
+		{"/small", "5", ""},
+		{"/large", "", "chunked"},
+	} {
+		c := dialServer(t, ts.addr)
+		c.send(get(tc.path))
+		tp := textproto.NewReader(c.br)
+		if _, err := tp.ReadLine(); err != nil {
+			t.Fatal(err)
+		}
+		h, err := tp.ReadMIMEHeader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(h["Content-Length"], nonEmpty(tc.length)) || !slices.Equal(h["Transfer-Encoding"], nonEmpty(tc.te)) {
+			t.Errorf("%s: Content-Length %q, Transfer-Encoding %q; want %q, %q", tc.path,
+				h["Content-Length"], h["Transfer-Encoding"], tc.length, tc.te)
+		}
+	}
+}
+
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
 }
 
 // An answer shorter than its Content-Length is cut: the connection is
