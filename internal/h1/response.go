@@ -103,8 +103,16 @@ func (w *response) Write(p []byte) (int, error) {
 		return 0, w.err
 	}
 	if w.noBody {
-		if w.status == http.StatusNoContent || w.status == http.StatusNotModified {
+		if !w.headAsGet() {
 			return 0, http.ErrBodyNotAllowed
+		}
+		// Not sent, but held back as a GET's would be, for the head.
+		if !w.committed {
+			if len(w.pending)+len(p) <= pendingMax {
+				w.hold(p)
+				return len(p), nil
+			}
+			w.commit(false, p)
 		}
 		return len(p), nil
 	}
@@ -113,17 +121,29 @@ func (w *response) Write(p []byte) (int, error) {
 	}
 	if !w.committed {
 		if w.cl < 0 && len(w.pending)+len(p) <= pendingMax {
-			if w.pending == nil {
-				w.pending = make([]byte, 0, pendingMax)
-			}
-			w.pending = append(w.pending, p...)
-			w.written += int64(len(p))
+			w.hold(p)
 			return len(p), nil
 		}
 		w.commit(w.cl < 0, p)
 	}
 	w.written += int64(len(p))
 	return w.body(p)
+}
+
+func (w *response) hold(p []byte) {
+	if w.pending == nil {
+		w.pending = make([]byte, 0, pendingMax)
+	}
+	w.pending = append(w.pending, p...)
+	w.written += int64(len(p))
+}
+
+// headAsGet: the answer to a HEAD whose status has a body in a GET's
+// answer. Its head is the GET's, as with net/http: what the handler
+// wrote, unsent, gives it a Content-Type, and, when it all came before
+// the handler returned (and no trailers), a Content-Length.
+func (w *response) headAsGet() bool {
+	return w.req.Method == http.MethodHead && w.status >= 200 && w.status != http.StatusNoContent && w.status != http.StatusNotModified
 }
 
 // body writes p as the answer's body (one chunk when chunked).
@@ -157,14 +177,15 @@ func (w *response) commit(chunked bool, next []byte) {
 		delete(h, "Content-Length")
 	}
 	trailers := trailerOf(h)
+	hasTrailers := len(trailers) > 0 || hasPrefixed(h)
 	if w.noBody {
 		chunked = false
-	} else if w.cl < 0 && (len(trailers) > 0 || hasPrefixed(h)) {
+	} else if w.cl < 0 && hasTrailers {
 		// Trailers need the chunked framing, however small the body
 		// (net/http does the same).
 		chunked = true
 	}
-	if _, ok := h["Content-Type"]; !ok && !w.noBody && h.Get("Content-Encoding") == "" {
+	if _, ok := h["Content-Type"]; !ok && (!w.noBody || w.headAsGet()) && h.Get("Content-Encoding") == "" {
 		first := w.pending
 		if len(first) == 0 {
 			first = next
@@ -192,7 +213,7 @@ func (w *response) commit(chunked bool, next []byte) {
 	extra := 0
 	if chunked {
 		extra = 1
-	} else if !w.noBody && w.cl < 0 {
+	} else if w.cl < 0 && (!w.noBody || w.headAsGet() && w.done && len(w.pending) > 0 && !hasTrailers) {
 		w.cl = int64(len(w.pending))
 		extra = 2
 	}
@@ -211,7 +232,9 @@ func (w *response) commit(chunked bool, next []byte) {
 	}
 	bw.WriteString("\r\n")
 	if len(w.pending) > 0 {
-		_, _ = w.body(w.pending)
+		if !w.noBody {
+			_, _ = w.body(w.pending)
+		}
 		w.pending = w.pending[:0]
 	}
 }

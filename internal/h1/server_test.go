@@ -240,13 +240,24 @@ func TestServerAnswerFraming(t *testing.T) {
 			t.Errorf("%s: Date %q: %v", tc.path, resp.Header.Get("Date"), err)
 		}
 	}
-	// HEAD: the head of a GET, without its body.
-	c.send("HEAD /small HTTP/1.1\r\nHost: x\r\n\r\n" + get("/small"))
-	if resp, body := c.answer("HEAD"); resp.StatusCode != 200 || body != "" {
-		t.Fatalf("HEAD: %d %q", resp.StatusCode, body)
-	}
-	if _, body := c.answer("GET"); body != "hello" {
-		t.Fatalf("GET after HEAD: %q", body)
+	// HEAD: the head of a GET (as net/http has it), without its body.
+	for _, tc := range []struct{ path, length, contentType string }{
+		{"/small", "5", "text/plain; charset=utf-8"},
+		{"/large", "", "text/plain; charset=utf-8"},
+		{"/flushed", "", "text/plain; charset=utf-8"},
+		{"/length", "5", "text/plain; charset=utf-8"},
+		{"/empty", "", ""},
+	} {
+		c.send("HEAD " + tc.path + " HTTP/1.1\r\nHost: x\r\n\r\n" + get("/small"))
+		resp, body := c.answer("HEAD")
+		if resp.StatusCode != 200 || body != "" || resp.TransferEncoding != nil ||
+			resp.Header.Get("Content-Length") != tc.length || resp.Header.Get("Content-Type") != tc.contentType {
+			t.Fatalf("HEAD %s: %d %q %q %v, want Content-Length %q, Content-Type %q", tc.path,
+				resp.StatusCode, body, resp.TransferEncoding, resp.Header, tc.length, tc.contentType)
+		}
+		if _, body := c.answer("GET"); body != "hello" {
+			t.Fatalf("GET after HEAD %s: %q", tc.path, body)
+		}
 	}
 	for _, code := range []int{204, 304} {
 		c.send(get(fmt.Sprintf("/%d", code)) + get("/small"))
