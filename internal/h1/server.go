@@ -44,8 +44,9 @@ type Server struct {
 	// BaseContext is every request's parent context (nil: Background).
 	BaseContext context.Context
 	// ReadHeaderTimeout bounds reading a request's head once its first
-	// byte came; IdleTimeout bounds the wait for that byte between
-	// requests. Zero: none.
+	// byte came, and the wait for a new connection's first request;
+	// IdleTimeout bounds the wait for that byte between requests. Zero:
+	// none.
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
 	// DisableKeepAlives closes every connection after one response.
@@ -233,6 +234,8 @@ type serverConn struct {
 	raddr string
 	state atomic.Int32
 
+	served bool // a request was: the next is waited for as an idle one's
+
 	// begun is when the running request started (unix ns; 0: none), for
 	// the sweep.
 	begun atomic.Int64
@@ -334,10 +337,14 @@ func (c *serverConn) close() {
 // done (closed, timed out, shut down).
 func (c *serverConn) next() (*http.Request, bool) {
 	s := c.s
-	if s.IdleTimeout > 0 {
-		_ = c.nc.SetReadDeadline(time.Now().Add(s.IdleTimeout))
-	} else if s.ReadHeaderTimeout > 0 {
-		_ = c.nc.SetReadDeadline(time.Now().Add(s.ReadHeaderTimeout))
+	// A new connection's first request is waited for as net/http waits:
+	// for the ReadHeaderTimeout, not as long as an idle one's next.
+	wait := s.IdleTimeout
+	if s.ReadHeaderTimeout > 0 && (wait == 0 || !c.served) {
+		wait = s.ReadHeaderTimeout
+	}
+	if wait > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(wait))
 	}
 	if _, err := c.br.Peek(1); err != nil {
 		c.close()
@@ -541,6 +548,7 @@ func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
 	// The body as parsed: the handler may replace r.Body, or hand it to a
 	// goroutine that outlives it.
 	body, _ := r.Body.(*reqBody)
+	c.served = true
 	ctx, cancel := context.WithCancel(c.ctx)
 	r = r.WithContext(ctx)
 	w := &response{c: c, req: r, header: make(http.Header), cl: -1}

@@ -479,6 +479,12 @@ func TestServerTimeouts(t *testing.T) {
 		c.answer("GET")
 		c.closedByServer()
 	})
+	t.Run("first request", func(t *testing.T) {
+		// Not idle yet: as net/http, the ReadHeaderTimeout bounds the
+		// wait, not the IdleTimeout.
+		ts := startServer(t, h, func(s *Server) { s.ReadHeaderTimeout, s.IdleTimeout = 20*time.Millisecond, time.Hour })
+		dialServer(t, ts.addr).closedByServer()
+	})
 	t.Run("head", func(t *testing.T) {
 		ts := startServer(t, h, func(s *Server) { s.ReadHeaderTimeout = 20 * time.Millisecond })
 		c := dialServer(t, ts.addr)
