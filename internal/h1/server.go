@@ -234,7 +234,8 @@ type serverConn struct {
 	raddr string
 	state atomic.Int32
 
-	served bool // a request was: the next is waited for as an idle one's
+	served   bool // a request was: the next is waited for as an idle one's
+	lastPost bool // the last request was a POST
 
 	// begun is when the running request started (unix ns; 0: none), for
 	// the sweep.
@@ -360,6 +361,16 @@ func (c *serverConn) next() (*http.Request, bool) {
 		// The idle wait's deadline does not bound the head (nor does
 		// net/http's).
 		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+	if c.lastPost {
+		// Old clients end a POST's body with a CRLF it does not count;
+		// net/http skips it, as RFC 9112 allows.
+		peek, _ := c.br.Peek(4)
+		n := 0
+		for n < len(peek) && (peek[n] == '\r' || peek[n] == '\n') {
+			n++
+		}
+		_, _ = c.br.Discard(n)
 	}
 	var head []byte
 	for {
@@ -548,7 +559,7 @@ func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
 	// The body as parsed: the handler may replace r.Body, or hand it to a
 	// goroutine that outlives it.
 	body, _ := r.Body.(*reqBody)
-	c.served = true
+	c.served, c.lastPost = true, r.Method == http.MethodPost
 	ctx, cancel := context.WithCancel(c.ctx)
 	r = r.WithContext(ctx)
 	w := &response{c: c, req: r, header: make(http.Header), cl: -1}
