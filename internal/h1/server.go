@@ -551,6 +551,17 @@ type handedConn struct {
 
 func (h *handedConn) Read(p []byte) (int, error) { return h.r.Read(p) }
 
+// CloseWrite lets net/http half-close the connection before it closes it
+// after an answer to a body it did not read whole: without, unread bytes
+// make the close a reset, which can destroy the answer before the client
+// reads it.
+func (h *handedConn) CloseWrite() error {
+	if cw, ok := h.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // serveOne runs the handler for r and finishes its response; it reports
 // whether the connection serves another request, and whether the client
 // may still be sending a body nobody read.

@@ -590,6 +590,33 @@ func TestServerHandOff(t *testing.T) {
 	})
 }
 
+// A connection handed to the Fallback can be half-closed: net/http does
+// so after an error answer to a body it did not read whole (a 413 from
+// http.MaxBytesReader), so that the client reads the answer, then the
+// end, rather than a reset; without it, it waits and closes.
+func TestServerHandedConnHalfCloses(t *testing.T) {
+	conns := make(chan net.Conn, 1)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }, func(s *Server) {
+		s.Fallback.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+			conns <- c
+			return ctx
+		}
+	})
+	c := dialServer(t, ts.addr)
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+	c.answer("POST")
+	cw, ok := (<-conns).(interface{ CloseWrite() error })
+	if !ok {
+		t.Fatal("the connection handed to the Fallback has no CloseWrite")
+	}
+	if err := cw.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.br.ReadByte(); err != io.EOF {
+		t.Fatalf("%v, want EOF", err)
+	}
+}
+
 // hijackEcho switches to an echo of lines, as a WebSocket handler
 // switches protocols.
 func hijackEcho(w http.ResponseWriter) {
