@@ -82,17 +82,17 @@ func setWatchAfter(t *testing.T, d time.Duration) {
 	t.Cleanup(func() { watchAfter = old })
 }
 
-// anyConn reports whether one of s's connections satisfies cond, checked
-// under the locks the server's own goroutines take.
-func anyConn(s *Server, cond func(c *serverConn) bool) bool {
+// connState reports whether the server's end of client's connection
+// satisfies cond, checked under the locks the server's own goroutines
+// take.
+func connState(s *Server, client *rawClient, cond func(c *serverConn) bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		c.mu.Lock()
-		ok := cond(c)
-		c.mu.Unlock()
-		if ok {
-			return true
+		if c.raddr == client.nc.LocalAddr().String() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return cond(c)
 		}
 	}
 	return false
@@ -728,9 +728,13 @@ func TestServerClientGone(t *testing.T) {
 	t.Run("pipelined", func(t *testing.T) {
 		c := dialServer(t, ts.addr)
 		c.send(get("/slow"))
-		waitFor(t, "the watch", func() bool { return anyConn(ts.Server, func(c *serverConn) bool { return c.watch == watchRunning }) })
+		// Once watched, /slow was read: /next comes after, to the
+		// background read.
+		waitFor(t, "the watch", func() bool {
+			return connState(ts.Server, c, func(c *serverConn) bool { return c.watch == watchRunning })
+		})
 		c.send(get("/next"))
-		waitFor(t, "the background read's byte", func() bool { return anyConn(ts.Server, func(c *serverConn) bool { return c.cr.hasOne }) })
+		waitFor(t, "the background read's byte", func() bool { return connState(ts.Server, c, func(c *serverConn) bool { return c.cr.hasOne }) })
 		close(release)
 		for _, want := range []string{"/slow", "/next"} {
 			if _, body := c.answer("GET"); body != want {
