@@ -745,7 +745,9 @@ func TestServerClientGone(t *testing.T) {
 }
 
 // A body the handler leaves unread is read past to serve the next
-// request, if small; a large one closes the connection.
+// request, if small; a large one closes the connection, which ends (the
+// client reads EOF), not resets: a reset can destroy the answer before
+// the client reads it.
 func TestServerUnreadBody(t *testing.T) {
 	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.URL.Path) })
 	c := dialServer(t, ts.addr)
@@ -765,8 +767,8 @@ func TestServerUnreadBody(t *testing.T) {
 	if resp, body := c.answer("POST"); body != "/large" || !resp.Close {
 		t.Fatalf("%q close=%v", body, resp.Close)
 	}
-	if _, err := io.Copy(io.Discard, c.br); err != nil && !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("%v, want the connection closed", err)
+	if _, err := io.Copy(io.Discard, c.br); err != nil {
+		t.Fatalf("%v, want the connection ended", err)
 	}
 }
 
