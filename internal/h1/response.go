@@ -254,6 +254,11 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 			if w.sayClose {
 				continue
 			}
+		case "Content-Type":
+			// No content to type (net/http leaves it out too).
+			if w.status == http.StatusNotModified {
+				continue
+			}
 		case "Content-Length":
 			// Status 0: a 1xx, which has no body to measure.
 			if w.status == 0 || w.noBody && w.req.Method != http.MethodHead {

@@ -213,6 +213,7 @@ func TestServerAnswerFraming(t *testing.T) {
 				code = http.StatusNotModified
 			}
 			w.Header().Set("Content-Length", "5")
+			w.Header().Set("Content-Type", "text/plain")
 			w.WriteHeader(code)
 			if _, err := io.WriteString(w, "hello"); !errors.Is(err, http.ErrBodyNotAllowed) {
 				panic(fmt.Sprintf("a body written to a %d: %v", code, err))
@@ -271,6 +272,11 @@ func TestServerAnswerFraming(t *testing.T) {
 		resp, body := c.answer("GET")
 		if resp.StatusCode != code || body != "" || resp.Header["Content-Length"] != nil || resp.TransferEncoding != nil {
 			t.Fatalf("%d: %d %q %v %q", code, resp.StatusCode, body, resp.Header, resp.TransferEncoding)
+		}
+		// A 304 describes no content: no Content-Type either, as from
+		// net/http.
+		if ct := resp.Header["Content-Type"]; (code == 304) != (ct == nil) {
+			t.Errorf("%d: Content-Type %q", code, ct)
 		}
 		if _, body := c.answer("GET"); body != "hello" {
 			t.Fatalf("GET after %d: %q", code, body)
