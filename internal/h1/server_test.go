@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/textproto"
 	"slices"
 	"strings"
@@ -323,6 +324,187 @@ func nonEmpty(s string) []string {
 		return nil
 	}
 	return []string{s}
+}
+
+// Answers as net/http's: for each way a handler answers, and each kind of
+// request, the same status, header, framing, body and trailers, Date
+// aside. Where they differ on purpose, it is said below.
+func TestServerAnswersAsNetHTTP(t *testing.T) {
+	handlers := map[string]http.HandlerFunc{
+		"/small": func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "hello") },
+		"/large": func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, strings.Repeat("a", 3000)) },
+		"/flushed": func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "he")
+			w.(http.Flusher).Flush()
+			_, _ = io.WriteString(w, "llo")
+		},
+		"/flushed-empty": func(w http.ResponseWriter, r *http.Request) { w.(http.Flusher).Flush() },
+		"/length": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "5")
+			_, _ = io.WriteString(w, "hello")
+		},
+		"/length-unwritten": func(w http.ResponseWriter, r *http.Request) { w.Header().Set("Content-Length", "5") },
+		"/length-late": func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusOK)
+			w.Header().Set("Content-Length", "7")
+			_, _ = io.WriteString(w, "hello")
+		},
+		"/204": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/x")
+			w.WriteHeader(http.StatusNoContent)
+		},
+		"/304": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/x")
+			w.Header().Set("Etag", `"x"`)
+			w.WriteHeader(http.StatusNotModified)
+		},
+		"/trailer": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Trailer", "X-Sum")
+			_, _ = io.WriteString(w, "hello")
+			w.Header().Set("X-Sum", "1")
+		},
+		"/no-type": func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Content-Type"] = nil
+			_, _ = io.WriteString(w, "hello")
+		},
+		"/encoded": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Encoding", "gzip")
+			_, _ = io.WriteString(w, "hello")
+		},
+		"/close": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Connection", "close")
+			_, _ = io.WriteString(w, "hello")
+		},
+		"/keep-alive": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Connection", "keep-alive")
+			_, _ = io.WriteString(w, "hello")
+		},
+		"/error": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "bad", http.StatusInternalServerError) },
+		"/empty": func(w http.ResponseWriter, r *http.Request) {},
+		"/201":   func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) },
+		"/599": func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(599)
+			_, _ = io.WriteString(w, "x")
+		},
+		"/103": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Link", "</a.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			_, _ = io.WriteString(w, "ok")
+		},
+		"/bad-header": func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Bad Name"] = []string{"x"}
+			w.Header()["X-Split"] = []string{"a\r\nX-Injected: 1"}
+			_, _ = io.WriteString(w, "hello")
+		},
+		"/echo": func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			_, _ = w.Write(b)
+		},
+		// Not compared, the differences being on purpose:
+		// - a Transfer-Encoding the handler sets: net/http keeps it,
+		//   this server frames the answer itself;
+		// - a trailer set with TrailerPrefix after a small body, not
+		//   flushed: net/http drops it (the answer goes with a
+		//   Content-Length), this server sends it, chunked;
+		// - a declared trailer already set when the head goes: net/http
+		//   also sends it in the head, this server only as a trailer.
+	}
+	h := func(w http.ResponseWriter, r *http.Request) { handlers[r.URL.Path](w, r) }
+	ours := startServer(t, h)
+	theirs := httptest.NewServer(http.HandlerFunc(h))
+	defer theirs.Close()
+	// answers reads what addr answers to request, 1xx answers included.
+	answers := func(addr, method, request string) string {
+		c := dialServer(t, addr)
+		c.send(request)
+		var out []string
+		for {
+			resp, err := http.ReadResponse(c.br, &http.Request{Method: method})
+			if err != nil {
+				return strings.Join(append(out, err.Error()), " | ")
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Header.Del("Date")
+			out = append(out, fmt.Sprintf("%d %q %v length=%d %q close=%v %v trailer=%v",
+				resp.StatusCode, b, err, resp.ContentLength, resp.TransferEncoding, resp.Close, resp.Header, resp.Trailer))
+			if resp.StatusCode >= 200 {
+				return strings.Join(out, " | ")
+			}
+		}
+	}
+	for path := range handlers {
+		for _, request := range []string{
+			"GET %s HTTP/1.1\r\nHost: x\r\n\r\n",
+			"HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n",
+			"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+			"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+		} {
+			request = fmt.Sprintf(request, path)
+			method, _, _ := strings.Cut(request, " ")
+			got, want := answers(ours.addr, method, request), answers(theirs.Listener.Addr().String(), method, request)
+			if got != want {
+				t.Errorf("%q:\n  answered %s\n  net/http %s", request, got, want)
+			}
+		}
+	}
+}
+
+// A request reaches the handler as through net/http's server (or is
+// refused alike), however its head is written.
+func TestServerRequestsAsNetHTTP(t *testing.T) {
+	h := func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %q %q %q %v %d %v %q %v %s", r.Method, r.URL, r.RequestURI, r.Host, r.Header, r.ContentLength, r.Close, b, err, r.Proto)
+	}
+	ours := startServer(t, h)
+	theirs := httptest.NewServer(http.HandlerFunc(h))
+	defer theirs.Close()
+	for _, request := range []string{
+		"GET /a?b=c HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /a%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /a\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET //a HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /a/../b;c HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /%2F HTTP/1.1\r\nHost: x\r\n\r\n",
+		"get /a HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x:80\r\nX: \xff\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: \r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: [::1]:8\r\n\r\n",
+		"GET /a HTTP/1.1\r\nhost: x\r\nx-a: 1\r\nX-A: 2\r\nX_Under: 3\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
+		"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 002\r\n\r\nhi",
+		"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length:  2 \r\n\r\nhi",
+		"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTrailer: X\r\n\r\nhi",
+		"GET /a HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close, te\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nPragma: no-cache\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nPragma: no-cache\r\nCache-Control: max-age=0\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-Spaces:   \r\nX-Tab: a\tb\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nX-Ctl: a\x01b\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nX-Del: a\x7fb\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nx-\xfc: 1\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\n:bad\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: x\r\nX-A : 1\r\n\r\n",
+	} {
+		var got [2]string
+		for i, addr := range []string{ours.addr, theirs.Listener.Addr().String()} {
+			c := dialServer(t, addr)
+			c.send(request)
+			resp, err := http.ReadResponse(c.br, nil)
+			if err != nil {
+				got[i] = err.Error()
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			got[i] = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		}
+		if got[0] != got[1] {
+			t.Errorf("%q:\n  handler got %s\n  net/http's  %s", request, got[0], got[1])
+		}
+	}
 }
 
 // An answer shorter than its Content-Length is cut: the connection is
