@@ -932,6 +932,49 @@ func TestServerClientGone(t *testing.T) {
 	})
 }
 
+// Many clients at once, each on its keep-alive connection, each get their
+// own answers, bodies whole, with watches starting and ending under them.
+func TestServerConcurrent(t *testing.T) {
+	setWatchAfter(t, time.Millisecond)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if r.URL.Query().Has("slow") {
+			time.Sleep(3 * time.Millisecond) // long enough to be watched
+		}
+		_, _ = w.Write(b)
+	})
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
+	defer client.CloseIdleConnections()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				want := fmt.Sprintf(`{"g":%d,"i":%d,"pad":%q}`, g, i, strings.Repeat("x", i*100))
+				url := "http://" + ts.addr + "/"
+				if i%5 == 0 {
+					url += "?slow"
+				}
+				resp, err := client.Post(url, "application/json", strings.NewReader(want))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || string(b) != want {
+					t.Errorf("got %q %v, want %q", b, err, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // A body the handler leaves unread is read past to serve the next
 // request, if small; a large one closes the connection, which ends (the
 // client reads EOF), not resets: a reset can destroy the answer before
