@@ -199,8 +199,13 @@ func (s *Server) closeListeners() {
 func (s *Server) closeIdle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	for c := range s.conns {
-		if c.state.CompareAndSwap(stateIdle, stateClosed) {
+		// A new connection is given newGrace to send its first request,
+		// as net/http gives it: it may have been sent already, and closed
+		// unread the client would get no answer at all.
+		if c.state.CompareAndSwap(stateIdle, stateClosed) ||
+			now.Sub(c.accepted) >= newGrace && c.state.CompareAndSwap(stateNew, stateClosed) {
 			_ = c.nc.Close()
 		}
 	}
@@ -214,13 +219,19 @@ func (s *Server) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// Connection states: idle between requests (Shutdown may close it), active
-// while a request is read or served.
+// Connection states: new until its first request (Shutdown closes it only
+// after newGrace), idle between requests (Shutdown closes it), active while
+// a request is read or served.
 const (
-	stateIdle int32 = iota
+	stateNew int32 = iota
+	stateIdle
 	stateActive
 	stateClosed
 )
+
+// newGrace is how long Shutdown waits for a new connection's first
+// request (net/http: 5 s).
+const newGrace = 5 * time.Second
 
 // serverConn is one client connection. Only its goroutine reads it, except
 // the background read of a request watched for the client leaving.
@@ -234,6 +245,7 @@ type serverConn struct {
 	raddr string
 	state atomic.Int32
 
+	accepted time.Time
 	served   bool // a request was: the next is waited for as an idle one's
 	lastPost bool // the last request was a POST
 
@@ -257,7 +269,7 @@ const (
 )
 
 func (s *Server) newConn(nc net.Conn) *serverConn {
-	c := &serverConn{s: s, nc: nc, raddr: nc.RemoteAddr().String()}
+	c := &serverConn{s: s, nc: nc, raddr: nc.RemoteAddr().String(), accepted: time.Now()}
 	c.cr.c = c
 	base := s.BaseContext
 	if base == nil {
@@ -351,7 +363,7 @@ func (c *serverConn) next() (*http.Request, bool) {
 		c.close()
 		return nil, false
 	}
-	if !c.state.CompareAndSwap(stateIdle, stateActive) {
+	if !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) {
 		c.close() // Shutdown closed it meanwhile
 		return nil, false
 	}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/textproto"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -1161,6 +1162,35 @@ func TestServerShutdown(t *testing.T) {
 	}
 	if _, err := net.Dial("tcp", ts.addr); err == nil {
 		t.Error("the listener still accepts")
+	}
+}
+
+// A connection accepted before Shutdown whose request comes after it is
+// served, not closed unread (a restart under socket activation would
+// otherwise give that client an empty reply), as net/http does.
+func TestServerShutdownServesANewConnectionsFirstRequest(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.URL.Path)
+	})
+	fresh := dialServer(t, ts.addr)
+	for accepted := false; !accepted; {
+		ts.mu.Lock()
+		accepted = len(ts.conns) == 1
+		ts.mu.Unlock()
+		runtime.Gosched()
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- ts.Shutdown(context.Background()) }()
+	for !ts.shutting.Load() {
+		runtime.Gosched()
+	}
+	fresh.send(get("/late"))
+	if resp, body := fresh.answer("GET"); body != "/late" || !resp.Close {
+		t.Fatalf("%q close=%v", body, resp.Close)
+	}
+	fresh.closedByServer()
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
 	}
 }
 
