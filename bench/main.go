@@ -206,6 +206,9 @@ func run(o options) error {
 		return fmt.Errorf("open streams: %w", err)
 	}
 	_, r.scale.manyPeak, _ = n.memory()
+	// The next figures are another napd's: this one first finishes
+	// closing the streams, which would otherwise share the CPU with them.
+	n.settle(10 * time.Second)
 	done()
 
 	done = step(fmt.Sprintf("%d models asleep", scaleModels))

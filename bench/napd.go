@@ -195,6 +195,18 @@ func (n *napd) memory() (rss, hwm int64, err error) {
 // cpu is the CPU time napd has used so far.
 func (n *napd) cpu() time.Duration { return procCPU(n.cmd.Process.Pid) }
 
+// settle waits, at most limit, until napd is idle: no CPU tick used over a
+// quarter of a second.
+func (n *napd) settle(limit time.Duration) {
+	for end := time.Now().Add(limit); time.Now().Before(end); {
+		before := n.cpu()
+		time.Sleep(250 * time.Millisecond)
+		if n.cpu() == before {
+			return
+		}
+	}
+}
+
 // procCPU is the CPU time process pid has used so far (user and system),
 // from /proc/PID/stat in clock ticks of 10 ms (USER_HZ is 100 on Linux).
 func procCPU(pid int) time.Duration {
