@@ -24,7 +24,10 @@ import (
 // not the time the plan is read.
 // A holder asked to sleep for a waiting wake is asked again after
 // roomReask if the plan still wants it (the lifecycle may have declined:
-// its engine reported work a moment before).
+// its engine reported work a moment before), or at once when what napd
+// knows of it changed since (a request ended, the engine's evidence
+// turned): the decline may no longer hold, and a waiting request should
+// not wait out roomReask for nothing.
 const (
 	roomPoll    = 250 * time.Millisecond
 	roomConfirm = 100 * time.Millisecond
@@ -52,11 +55,35 @@ type room struct {
 // roomWait is one wake waiting for memory.
 type roomWait struct {
 	since   time.Time
-	answer  chan error           // buffered 1: nil (fits) or why the wake does not go ahead
-	waiting func(why string)     // tells the model's loop what it waits for
-	holders []planner.Holder     // what it waits for, as last planned
-	told    string               // the message last told
-	acted   map[string]time.Time // holders asked to sleep for it (model/reason), and when
+	answer  chan error       // buffered 1: nil (fits) or why the wake does not go ahead
+	waiting func(why string) // tells the model's loop what it waits for
+	holders []planner.Holder // what it waits for, as last planned
+	told    string           // the message last told
+	acted   map[string]asked // holders asked to sleep for it (model/reason)
+}
+
+// asked is when a holder was asked to sleep, and what napd knew of it then.
+type asked struct {
+	at   time.Time
+	seen holderView
+}
+
+// holderView is what a holder's answer to a sleep request depends on.
+type holderView struct {
+	engine   planner.Engine
+	state    lifecycle.State
+	active   int
+	lastUsed time.Time
+}
+
+// ask reports whether the holder under key is to be asked now, and notes
+// it: not asked before, asked roomReask ago, or seen otherwise since.
+func (w *roomWait) ask(key string, now time.Time, seen holderView) bool {
+	if prev, ok := w.acted[key]; ok && now.Sub(prev.at) < roomReask && prev.seen == seen {
+		return false
+	}
+	w.acted[key] = asked{at: now, seen: seen}
+	return true
 }
 
 func newRoom() *room {
@@ -121,7 +148,7 @@ func (a *Agent) makeRoom(ctx context.Context, name string, waiting func(why stri
 	if s := m.Snapshot(); len(a.gpusOf(s)) == 0 || a.footprint(s) == 0 {
 		return gpus, nil // nothing to check it against
 	}
-	w := &roomWait{since: a.clock(), answer: make(chan error, 1), waiting: waiting, acted: make(map[string]time.Time)}
+	w := &roomWait{since: a.clock(), answer: make(chan error, 1), waiting: waiting, acted: make(map[string]asked)}
 	r := a.room
 	r.mu.Lock()
 	r.waits[name] = w
@@ -296,22 +323,27 @@ func (a *Agent) answerRoom(model string, w *roomWait, err error) {
 }
 
 // actForRoom asks the holders the plan puts to sleep, each once per
-// waiting wake (again after roomReask if still wanted): idle ones now, busy
+// waiting wake (again if still wanted after roomReask, or once the holder
+// changed): idle ones now, busy
 // ones to yield. Demand overrides the
 // idle minimum; the lifecycle still checks the proof of idleness.
 func (a *Agent) actForRoom(ms *measurement, plan planner.RoomPlan, waits map[string]*roomWait) {
 	var fresh []planner.Decision
+	reg := a.reg.Load()
 	for _, d := range plan.Sleeps {
 		w := waits[waiterOf(plan, d.Model)]
 		key := d.Model + "/" + string(d.Reason)
 		if w == nil {
 			continue // its wake has not asked yet: it is asked for once it does
 		}
-		if at, ok := w.acted[key]; ok && a.clock().Sub(at) < roomReask {
-			continue
+		seen := holderView{engine: ms.models[d.Model].activity}
+		if m := reg.byName[d.Model]; m != nil {
+			snap := m.Snapshot()
+			seen.state, seen.active, seen.lastUsed = snap.Lifecycle.State, snap.Active, snap.LastUsed
 		}
-		w.acted[key] = a.clock()
-		fresh = append(fresh, d)
+		if w.ask(key, a.clock(), seen) {
+			fresh = append(fresh, d)
+		}
 	}
 	a.act(ms, fresh)
 }

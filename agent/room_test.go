@@ -1,6 +1,42 @@
 package agent
 
-import "testing"
+import (
+	"testing"
+	"time"
+
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/planner"
+)
+
+// A holder asked to sleep for a waiting wake is not asked again while
+// nothing about it changed (one decision, one log line), but at once when
+// something did: a sleep it declined a moment ago (its last request was
+// still ending) must not keep the waiting request for roomReask.
+func TestRoomAsksAgainWhenTheHolderChanged(t *testing.T) {
+	w := &roomWait{acted: make(map[string]asked)}
+	t0 := time.Unix(1000, 0)
+	busy := holderView{engine: planner.EngineIdle, state: lifecycle.Awake, active: 1, lastUsed: t0}
+	if !w.ask("a/make-room", t0, busy) {
+		t.Fatal("the first ask was not made")
+	}
+	if w.ask("a/make-room", t0.Add(time.Second), busy) {
+		t.Fatal("asked again with nothing changed")
+	}
+	if !w.ask("b/make-room", t0.Add(time.Second), busy) {
+		t.Fatal("another holder was not asked")
+	}
+	ended := busy
+	ended.active, ended.lastUsed = 0, t0.Add(1500*time.Millisecond)
+	if !w.ask("a/make-room", t0.Add(2*time.Second), ended) {
+		t.Fatal("not asked again after its last request ended")
+	}
+	if w.ask("a/make-room", t0.Add(3*time.Second), ended) {
+		t.Fatal("asked again with nothing changed since the second ask")
+	}
+	if !w.ask("a/make-room", t0.Add(2*time.Second+roomReask), ended) {
+		t.Fatalf("not asked again after %s", roomReask)
+	}
+}
 
 // A model going idle asks the make-room desk for a round only while a
 // wake waits: with nobody waiting, a request's end must not wake the
