@@ -36,7 +36,7 @@ func (m *Model) newLink(cfg *config.Model) Link {
 	if cfg.Transport == config.TransportZMQ {
 		return newZMQLink(m, cfg.Address)
 	}
-	return newHTTPLink()
+	return newHTTPLink(cfg.MaxConcurrency)
 }
 
 // connectTimeout bounds a connection to an engine on loopback: one that
@@ -49,11 +49,15 @@ const connectTimeout = 5 * time.Second
 // requests are written and answered on the caller's goroutine (package
 // h1): net/http's Transport would hand each to a connection's read and
 // write loops and back.
-type httpLink struct{}
+//
+// Each pool keeps as many idle connections as the model forwards requests
+// at once (max_concurrency): never more than can be in use, and under
+// steady load no connection is closed only to be opened again.
+type httpLink struct{ maxIdle int }
 
-func newHTTPLink() httpLink { return httpLink{} }
+func newHTTPLink(maxConcurrency int) httpLink { return httpLink{maxIdle: max(maxConcurrency, 1)} }
 
-func (httpLink) Transport(gone func() bool) http.RoundTripper {
+func (l httpLink) Transport(gone func() bool) http.RoundTripper {
 	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 	return &h1.Transport{
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -67,7 +71,7 @@ func (httpLink) Transport(gone func() bool) http.RoundTripper {
 			}
 			return conn, err
 		},
-		MaxIdle:     1024,
+		MaxIdle:     l.maxIdle,
 		IdleTimeout: 90 * time.Second,
 		Retired:     gone,
 	}
