@@ -130,25 +130,20 @@ func headEnd(b []byte) int {
 	return 0
 }
 
-// nextLine cuts the first line of b, ended by LF or CRLF, from the rest;
-// nextLineString is it for a string.
-func nextLine(b []byte) (line, rest []byte) {
-	if i := bytes.IndexByte(b, '\n'); i >= 0 {
+// nextLine cuts the first line of b (a head's bytes or its string), ended
+// by LF or CRLF, from the rest.
+func nextLine[T string | []byte](b T) (line, rest T) {
+	var i int
+	switch v := any(b).(type) {
+	case string:
+		i = strings.IndexByte(v, '\n')
+	case []byte:
+		i = bytes.IndexByte(v, '\n')
+	}
+	if i >= 0 {
 		line, rest = b[:i], b[i+1:]
 	} else {
 		line = b
-	}
-	if n := len(line); n > 0 && line[n-1] == '\r' {
-		line = line[:n-1]
-	}
-	return line, rest
-}
-
-func nextLineString(s string) (line, rest string) {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		line, rest = s[:i], s[i+1:]
-	} else {
-		line = s
 	}
 	if n := len(line); n > 0 && line[n-1] == '\r' {
 		line = line[:n-1]
@@ -209,7 +204,7 @@ func buildFields(s string, n int) (http.Header, error) {
 	values := make([]string, min(n, 1000)) // as textproto, a cap against overallocation
 	for {
 		var line string
-		line, s = nextLineString(s)
+		line, s = nextLine(s)
 		if line == "" {
 			return h, nil
 		}
