@@ -263,7 +263,7 @@ func TestReader_LiveNoTimeWait(t *testing.T) {
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		n := 0
 		for _, s := range tcp4(t) {
-			if s.State == StateTimeWait && slices.Contains(closed, s.Local) {
+			if s.State == StateTimeWait && slices.ContainsFunc(closed, func(e closedEnd) bool { return e.is(s) }) {
 				n++
 			}
 		}
@@ -288,7 +288,7 @@ func TestReader_LiveNoTimeWait(t *testing.T) {
 				if !isWanted(s.State) {
 					t.Errorf("socket in state %#x in the table: %+v", s.State, s)
 				}
-				if slices.Contains(closed, s.Local) {
+				if slices.ContainsFunc(closed, func(e closedEnd) bool { return e.is(s) }) {
 					t.Errorf("a closed connection's end in the table: %+v", s)
 				}
 			}
@@ -301,6 +301,12 @@ func TestReader_LiveNoTimeWait(t *testing.T) {
 		})
 	}
 }
+
+// closedEnd is the client end of a connection closed first: its address
+// and its peer's (on a busy machine another connection may reuse the port).
+type closedEnd struct{ local, remote netip.AddrPort }
+
+func (e closedEnd) is(s Socket) bool { return s.Local == e.local && s.Remote == e.remote }
 
 // tcp4 is /proc/net/tcp, every state.
 func tcp4(t testing.TB) []Socket {
@@ -464,8 +470,8 @@ func answerMoves(t *testing.T, port int, server, client net.Conn, msg string, be
 
 // closeFirst makes n loopback connections whose client end closes first,
 // so each client socket goes to TIME_WAIT for 60 s, and returns the
-// client ends' addresses. The server end reads to EOF, then closes.
-func closeFirst(t testing.TB, n int) []netip.AddrPort {
+// client ends. The server end reads to EOF, then closes.
+func closeFirst(t testing.TB, n int) []closedEnd {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -485,13 +491,13 @@ func closeFirst(t testing.TB, n int) []netip.AddrPort {
 		}
 		served <- nil
 	}()
-	out := make([]netip.AddrPort, 0, n)
+	out := make([]closedEnd, 0, n)
 	for range n {
 		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, c.LocalAddr().(*net.TCPAddr).AddrPort())
+		out = append(out, closedEnd{c.LocalAddr().(*net.TCPAddr).AddrPort(), c.RemoteAddr().(*net.TCPAddr).AddrPort()})
 		c.Close()
 	}
 	if err := <-served; err != nil {
