@@ -24,8 +24,8 @@ import (
 // not the time the plan is read.
 // A holder asked to sleep for a waiting wake is asked again after
 // roomReask if the plan still wants it (the lifecycle may have declined:
-// its engine reported work a moment before), or at once when what napd
-// knows of it changed since (a request ended, the engine's evidence
+// its engine reported work a moment before), or at once when it looks idle
+// and did not when asked (its last request ended, the engine's evidence
 // turned): the decline may no longer hold, and a waiting request should
 // not wait out roomReask for nothing.
 const (
@@ -76,10 +76,16 @@ type holderView struct {
 	lastUsed time.Time
 }
 
+// idle: nothing in flight that napd or the engine's evidence knows of.
+func (v holderView) idle() bool { return v.active == 0 && v.engine != planner.EngineBusy }
+
 // ask reports whether the holder under key is to be asked now, and notes
-// it: not asked before, asked roomReask ago, or seen otherwise since.
+// it: not asked before, asked roomReask ago, or seen idle now and not
+// when last asked (its last request ended, its engine's evidence turned).
+// A busy holder changes with every request: it is not asked again for
+// that, so each decision stays one log line and one event.
 func (w *roomWait) ask(key string, now time.Time, seen holderView) bool {
-	if prev, ok := w.acted[key]; ok && now.Sub(prev.at) < roomReask && prev.seen == seen {
+	if prev, ok := w.acted[key]; ok && now.Sub(prev.at) < roomReask && (prev.seen == seen || !seen.idle()) {
 		return false
 	}
 	w.acted[key] = asked{at: now, seen: seen}
@@ -324,7 +330,7 @@ func (a *Agent) answerRoom(model string, w *roomWait, err error) {
 
 // actForRoom asks the holders the plan puts to sleep, each once per
 // waiting wake (again if still wanted after roomReask, or once the holder
-// changed): idle ones now, busy
+// turned idle): idle ones now, busy
 // ones to yield. Demand overrides the
 // idle minimum; the lifecycle still checks the proof of idleness.
 func (a *Agent) actForRoom(ms *measurement, plan planner.RoomPlan, waits map[string]*roomWait) {

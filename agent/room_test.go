@@ -9,9 +9,10 @@ import (
 )
 
 // A holder asked to sleep for a waiting wake is not asked again while
-// nothing about it changed (one decision, one log line), but at once when
-// something did: a sleep it declined a moment ago (its last request was
-// still ending) must not keep the waiting request for roomReask.
+// nothing about it changed, nor while it stays busy (one decision, one log
+// line), but at once when it turned idle: a sleep it declined a moment ago
+// (its last request was still ending) must not keep the waiting request
+// for roomReask.
 func TestRoomAsksAgainWhenTheHolderChanged(t *testing.T) {
 	w := &roomWait{acted: make(map[string]asked)}
 	t0 := time.Unix(1000, 0)
@@ -32,6 +33,16 @@ func TestRoomAsksAgainWhenTheHolderChanged(t *testing.T) {
 	}
 	if w.ask("a/make-room", t0.Add(3*time.Second), ended) {
 		t.Fatal("asked again with nothing changed since the second ask")
+	}
+	// A busy holder changes with every request it serves: not asked again
+	// for that (one decision, one log line), only after roomReask.
+	busier := busy
+	if !w.ask("c/yield", t0, busier) {
+		t.Fatal("the first ask of c was not made")
+	}
+	busier.active, busier.lastUsed = 3, t0.Add(time.Second)
+	if w.ask("c/yield", t0.Add(time.Second), busier) {
+		t.Fatal("a busy holder was asked again because it served a request")
 	}
 	if !w.ask("a/make-room", t0.Add(2*time.Second+roomReask), ended) {
 		t.Fatalf("not asked again after %s", roomReask)
