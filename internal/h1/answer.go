@@ -259,11 +259,7 @@ func digit(c byte) bool { return '0' <= c && c <= '9' }
 // the same header fields removed, the same answers refused.
 func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
 	h := resp.Header
-	if p := h["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
-		if _, ok := h["Cache-Control"]; !ok {
-			h["Cache-Control"] = []string{"no-cache"}
-		}
-	}
+	pragmaNoCache(h)
 	conn := h["Connection"]
 	hasClose := hasToken(conn, "close")
 	if resp.ProtoMinor == 0 {
@@ -352,6 +348,18 @@ func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
 }
 
 // bodyAllowed: 1xx, 204 and 304 answers have no body (RFC 9112 6.3).
+// pragmaNoCache gives a "Pragma: no-cache" message the Cache-Control
+// HTTP/1.1 reads, when it has none, as net/http does for requests and
+// answers.
+func pragmaNoCache(h http.Header) {
+	if p := h["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
+		if _, ok := h["Cache-Control"]; !ok {
+			h["Cache-Control"] = []string{"no-cache"}
+		}
+	}
+}
+
+// bodyAllowed: an answer with this status may have a body (RFC 9110).
 func bodyAllowed(status int) bool {
 	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,7 +56,7 @@ func (w *response) WriteHeader(code int) {
 		return
 	}
 	w.status = code
-	w.noBody = w.req.Method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified || code < 200
+	w.noBody = w.req.Method == http.MethodHead || !bodyAllowed(code)
 	if v := w.header.Get("Content-Length"); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
 			w.cl = n
@@ -143,7 +144,7 @@ func (w *response) hold(p []byte) {
 // wrote, unsent, gives it a Content-Type, and, when it all came before
 // the handler returned (and no trailers), a Content-Length.
 func (w *response) headAsGet() bool {
-	return w.req.Method == http.MethodHead && w.status >= 200 && w.status != http.StatusNoContent && w.status != http.StatusNotModified
+	return w.req.Method == http.MethodHead && bodyAllowed(w.status)
 }
 
 // body writes p as the answer's body (one chunk when chunked).
@@ -245,11 +246,12 @@ func (w *response) commit(chunked bool, next []byte) {
 func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 	for k, vs := range w.header {
 		switch k {
-		case "Transfer-Encoding", "Trailer":
-			if k == "Trailer" && len(skip) > 0 {
-				break
-			}
+		case "Transfer-Encoding":
 			continue
+		case "Trailer":
+			if len(skip) == 0 {
+				continue
+			}
 		case "Connection":
 			if w.sayClose {
 				continue
@@ -265,7 +267,7 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 				continue
 			}
 		}
-		if strings.HasPrefix(k, http.TrailerPrefix) || !validName(k) || contains(skip, k) {
+		if strings.HasPrefix(k, http.TrailerPrefix) || !validName(k) || slices.Contains(skip, k) {
 			continue
 		}
 		for _, v := range vs {
@@ -278,15 +280,6 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 			bw.WriteString("\r\n")
 		}
 	}
-}
-
-func contains(list []string, k string) bool {
-	for _, s := range list {
-		if s == k {
-			return true
-		}
-	}
-	return false
 }
 
 // hasPrefixed reports whether h has a trailer set with http.TrailerPrefix.
@@ -369,9 +362,7 @@ func (w *response) finish() {
 	} else if w.err == errPanicked && w.c.bw != nil {
 		_ = w.c.bw.Flush()
 	}
-	if w.pending != nil {
-		w.pending = nil
-	}
+	w.pending = nil
 	if bw := w.c.bw; bw != nil {
 		bw.Reset(nil)
 		writers.Put(bw)
@@ -380,12 +371,11 @@ func (w *response) finish() {
 }
 
 func (w *response) writeTrailers(bw *bufio.Writer) {
+	declared := trailerOf(w.header)
 	for k, vs := range w.header {
 		name, prefixed := strings.CutPrefix(k, http.TrailerPrefix)
-		if !prefixed {
-			if !contains(trailerOf(w.header), k) {
-				continue
-			}
+		if !prefixed && !slices.Contains(declared, k) {
+			continue
 		}
 		name = http.CanonicalHeaderKey(name)
 		if !validName(name) {

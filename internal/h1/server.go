@@ -83,10 +83,8 @@ const (
 // for the client leaving; a variable so tests can shorten it.
 var watchAfter = 20 * time.Millisecond
 
-// ErrServerClosed is what Serve returns after Shutdown or Close.
-var ErrServerClosed = http.ErrServerClosed
-
-// Serve accepts connections on l until it fails or the server is shut down.
+// Serve accepts connections on l until it fails or the server is shut
+// down (http.ErrServerClosed).
 func (s *Server) Serve(l net.Listener) error {
 	s.fbOnce.Do(func() {
 		s.mu.Lock()
@@ -100,7 +98,7 @@ func (s *Server) Serve(l net.Listener) error {
 	if s.shutting.Load() {
 		s.mu.Unlock()
 		_ = l.Close()
-		return ErrServerClosed
+		return http.ErrServerClosed
 	}
 	if s.listeners == nil {
 		s.listeners = make(map[net.Listener]struct{})
@@ -117,7 +115,7 @@ func (s *Server) Serve(l net.Listener) error {
 		nc, err := l.Accept()
 		if err != nil {
 			if s.shutting.Load() {
-				return ErrServerClosed
+				return http.ErrServerClosed
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
@@ -516,10 +514,7 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 	if hosts != 1 || !validHost(host) {
 		return nil, false
 	}
-	// As net/http reads it (for HTTP/1.0 caches).
-	if p := h["Pragma"]; len(p) > 0 && p[0] == "no-cache" && h["Cache-Control"] == nil {
-		h["Cache-Control"] = []string{"no-cache"}
-	}
+	pragmaNoCache(h)
 	var body io.ReadCloser = http.NoBody
 	c.bodyDone = true
 	if cl > 0 {
@@ -567,8 +562,12 @@ func (h *handedConn) Read(p []byte) (int, error) { return h.r.Read(p) }
 // after an answer to a body it did not read whole: without, unread bytes
 // make the close a reset, which can destroy the answer before the client
 // reads it.
-func (h *handedConn) CloseWrite() error {
-	if cw, ok := h.Conn.(interface{ CloseWrite() error }); ok {
+func (h *handedConn) CloseWrite() error { return closeWrite(h.Conn) }
+
+// closeWrite half-closes c when it can (a TCP connection, or one that
+// passes the call on).
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
 	return nil
@@ -759,9 +758,7 @@ const (
 // it. The write side is closed first, then what comes is read and dropped
 // for a while (net/http waits 500 ms the same way).
 func (c *serverConn) linger() {
-	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
+	_ = closeWrite(c.nc)
 	_ = c.nc.SetReadDeadline(time.Now().Add(lingerFor))
 	_, _ = io.CopyN(io.Discard, c.nc, lingerMost)
 }
