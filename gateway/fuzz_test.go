@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -66,11 +68,20 @@ func FuzzParseTimeout(f *testing.F) {
 }
 
 func FuzzParseBody(f *testing.F) {
-	for _, s := range []string{`{"model":"m","stream":true}`, `{"model":1}`, `null`, `[]`, `{"stream":"yes"}`, `{"model":"\u00e9"}`, `{"Model":"a","model":"b"}`, `{"mod\u0065l":"m"}`} {
+	for _, s := range []string{`{"model":"m","stream":true}`, `{"model":1}`, `null`, `[]`, `{"stream":"yes"}`, `{"model":"\u00e9"}`, `{"Model":"a","model":"b"}`, `{"mod\u0065l":"m"}`,
+		` {"stream" : null , "model":null} `, `{"ſtream":true}`, "{\"model\":\"a\xffb\"}", `{"model":"a\"b"}`,
+		`{"model":1,"MODEL":2}`, `{"Stream":1,"Model":2}`, `{"x":{"model":1},"stream":false}`, `{"model":"m"} x`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fields, err := parseBody(body)
+		want, wantErr := decodeBody(body)
+		if fmt.Sprint(err) != fmt.Sprint(wantErr) || errors.Is(err, errAmbiguous) != errors.Is(wantErr, errAmbiguous) {
+			t.Fatalf("parseBody(%q): error %v, want %v", body, err, wantErr)
+		}
+		if err == nil && fields != want {
+			t.Fatalf("parseBody(%q) = %+v, want %+v", body, fields, want)
+		}
 		if err != nil {
 			if keys, ok := topLevelKeys(body); ok && plainRouting(body, keys) {
 				t.Errorf("parseBody refused %q: %v", body, err)
@@ -97,32 +108,88 @@ func FuzzParseBody(f *testing.F) {
 	})
 }
 
+// decodeBody is parseBody done with encoding/json alone: every key and
+// routing value decoded, the spellings kept in a map.
+func decodeBody(body []byte) (requestFields, error) {
+	var f requestFields
+	if !json.Valid(body) {
+		var v any
+		return f, json.Unmarshal(body, &v)
+	}
+	keys, vals, ok := topLevel(body)
+	if !ok {
+		return f, errors.New("want a JSON object")
+	}
+	seen := map[string]string{}
+	for i, key := range keys {
+		folded := ""
+		for _, name := range []string{"model", "stream"} {
+			if strings.EqualFold(key, name) {
+				folded = name
+			}
+		}
+		if folded == "" {
+			continue
+		}
+		if prev, dup := seen[folded]; dup {
+			return f, fmt.Errorf("%w: %q and %q both given", errAmbiguous, prev, key)
+		}
+		seen[folded] = key
+		var err error
+		switch key {
+		case "model":
+			err = json.Unmarshal(vals[i], &f.Model)
+		case "stream":
+			err = json.Unmarshal(vals[i], &f.Stream)
+		}
+		if err != nil {
+			return f, err
+		}
+	}
+	for _, folded := range []string{"model", "stream"} {
+		if spelling, ok := seen[folded]; ok && spelling != folded {
+			return f, fmt.Errorf("%w: %q is not %q (keys are case-sensitive)", errAmbiguous, spelling, folded)
+		}
+	}
+	return f, nil
+}
+
 // topLevelKeys lists the keys of a JSON object body in order, repeats
-// included (a reference walk with encoding/json's tokenizer).
+// included.
 func topLevelKeys(body []byte) ([]string, bool) {
+	keys, _, ok := topLevel(body)
+	return keys, ok
+}
+
+// topLevel lists the keys of a JSON object body and their values in
+// order, repeats included (a reference walk with encoding/json's
+// tokenizer).
+func topLevel(body []byte) ([]string, []json.RawMessage, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, false
+		return nil, nil, false
 	}
 	var keys []string
+	var vals []json.RawMessage
 	for dec.More() {
 		t, err := dec.Token()
 		if err != nil {
-			return nil, false
+			return nil, nil, false
 		}
 		keys = append(keys, t.(string))
 		var v json.RawMessage
 		if dec.Decode(&v) != nil {
-			return nil, false
+			return nil, nil, false
 		}
+		vals = append(vals, v)
 	}
 	if _, err := dec.Token(); err != nil {
-		return nil, false
+		return nil, nil, false
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, false
+		return nil, nil, false
 	}
-	return keys, true
+	return keys, vals, true
 }
 
 // plainRouting reports a body parseBody must accept: model a string (or

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/napd/napd/request"
 )
@@ -27,7 +27,8 @@ var errAmbiguous = errors.New("ambiguous")
 // exactly, as the engines read them (encoding/json alone would also take
 // "Model"); a repeated or case-variant routing key is errAmbiguous, so napd
 // never routes by one spelling while the engine reads another. It walks the
-// top-level object in place: no copy of the body, however large.
+// top-level object in place: no copy of the body, however large. Keys and
+// values are compared as raw bytes; only one with an escape is decoded.
 func parseBody(body []byte) (requestFields, error) {
 	var f requestFields
 	if !json.Valid(body) {
@@ -40,50 +41,92 @@ func parseBody(body []byte) (requestFields, error) {
 		return f, errors.New("want a JSON object")
 	}
 	sc.i++
-	seen := map[string]string{} // routing key → spelling seen first
+	// Per routing field (routingKeys' order): the key token seen first,
+	// nil while none, and whether it was the exact spelling.
+	var seen [len(routingKeys)][]byte
+	var exact [len(routingKeys)]bool
 	for sc.next() != '}' {
 		if sc.b[sc.i] == ',' {
 			sc.i++
 			sc.next()
 		}
-		var key string
-		if err := json.Unmarshal(sc.value(), &key); err != nil {
-			return f, err
-		}
+		tok := sc.value()
 		sc.next() // ':'
 		sc.i++
 		sc.next()
 		val := sc.value()
-		folded := ""
-		for _, name := range []string{"model", "stream"} {
-			if strings.EqualFold(key, name) {
-				folded = name
+		key := tok[1 : len(tok)-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			key = []byte(unquote(tok))
+		}
+		field := -1
+		for i, name := range routingKeys {
+			// Unicode folding, as strings.EqualFold: "ſtream" is a variant.
+			if bytes.EqualFold(key, name) {
+				field = i
 			}
 		}
-		if folded == "" {
+		if field < 0 {
 			continue
 		}
-		if prev, dup := seen[folded]; dup {
-			return f, fmt.Errorf("%w: %q and %q both given", errAmbiguous, prev, key)
+		if seen[field] != nil {
+			return f, fmt.Errorf("%w: %q and %q both given", errAmbiguous, unquote(seen[field]), unquote(tok))
 		}
-		seen[folded] = key
+		seen[field], exact[field] = tok, bytes.Equal(key, routingKeys[field])
+		if !exact[field] {
+			continue
+		}
 		var err error
-		switch key {
-		case "model":
-			err = json.Unmarshal(val, &f.Model)
-		case "stream":
-			err = json.Unmarshal(val, &f.Stream)
+		if field == 0 {
+			err = decodeString(val, &f.Model)
+		} else {
+			err = decodeBool(val, &f.Stream)
 		}
 		if err != nil {
 			return f, err
 		}
 	}
-	for folded, spelling := range seen {
-		if folded != spelling {
-			return f, fmt.Errorf("%w: %q is not %q (keys are case-sensitive)", errAmbiguous, spelling, folded)
+	for i, tok := range seen {
+		if tok != nil && !exact[i] {
+			return f, fmt.Errorf("%w: %q is not %q (keys are case-sensitive)", errAmbiguous, unquote(tok), routingKeys[i])
 		}
 	}
 	return f, nil
+}
+
+// routingKeys are the keys parseBody reads: model, then stream.
+var routingKeys = [...][]byte{[]byte("model"), []byte("stream")}
+
+// unquote decodes a string token of valid JSON.
+func unquote(tok []byte) string {
+	var s string
+	_ = json.Unmarshal(tok, &s) // valid JSON: it cannot fail
+	return s
+}
+
+// decodeString stores a string value, as json.Unmarshal would: a plain
+// one (no escape, valid UTF-8) straight from its bytes.
+func decodeString(val []byte, s *string) error {
+	if val[0] == '"' {
+		if in := val[1 : len(val)-1]; bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+			*s = string(in)
+			return nil
+		}
+	}
+	return json.Unmarshal(val, s)
+}
+
+// decodeBool stores a bool value, as json.Unmarshal would.
+func decodeBool(val []byte, b *bool) error {
+	switch string(val) {
+	case "true":
+		*b = true
+		return nil
+	case "false":
+		*b = false
+		return nil
+	}
+	return json.Unmarshal(val, b)
 }
 
 // scanner walks JSON already known to be valid.
