@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -78,6 +79,7 @@ type call struct {
 	// uploadErr is why reading a streamed upload failed; set by the
 	// transport's goroutine.
 	uploadErr atomic.Pointer[uploadFailure]
+	body      bodyReader // the request body, once opened (openBody)
 }
 
 type callKey struct{}
@@ -241,8 +243,9 @@ func (c *call) deadline(r *http.Request) (context.Context, context.CancelFunc, b
 		}
 	}
 	if d == 0 {
-		ctx, cancel := context.WithCancel(r.Context())
-		return ctx, cancel, true
+		// The server cancels the request's own context when the handler
+		// returns: a second one would only add allocations.
+		return r.Context(), func() {}, true
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), d)
 	return ctx, cancel, true
@@ -258,19 +261,35 @@ func (c *call) readBody(ctx context.Context, r *http.Request) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
-	var buf bytes.Buffer
+	var buf []byte
 	if n := r.ContentLength; n > 0 {
-		buf.Grow(int(min(n, initialBody)))
+		// One byte more than announced: the read that finds the end
+		// needs room, and a body of the announced length is read into a
+		// single allocation.
+		buf = make([]byte, 0, min(n, initialBody)+1)
 	}
-	if _, err := buf.ReadFrom(br); err != nil {
-		if !c.bodyFailed(err, br.idleBound) {
-			c.abort()
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, minBodyRead)
 		}
-		return nil, false
+		n, err := br.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if !c.bodyFailed(err, br.idleBound) {
+				c.abort()
+			}
+			return nil, false
+		}
 	}
 	br.done()
-	return buf.Bytes(), true
+	return buf, true
 }
+
+// minBodyRead is the least room a read of a body of unknown length gets.
+const minBodyRead = 512
 
 // openBody applies max_body, the deadline and BodyTimeout to the request
 // body. A body announced larger than max_body is answered 413 without
@@ -282,11 +301,14 @@ func (c *call) openBody(ctx context.Context, r *http.Request) (*bodyReader, bool
 		return nil, false
 	}
 	src := r.Body
-	if c.g.opts.MaxBody > 0 {
-		// The unwrapped writer lets net/http close the connection after a 413.
+	if c.g.opts.MaxBody > 0 && r.ContentLength < 0 {
+		// A body of announced length ends there; one of unknown length is
+		// bounded as it is read. The unwrapped writer lets net/http close
+		// the connection after a 413.
 		src = http.MaxBytesReader(c.w.ResponseWriter, r.Body, c.g.opts.MaxBody)
 	}
-	br := &bodyReader{src: src, rc: http.NewResponseController(c.w), idle: c.g.opts.BodyTimeout}
+	br := &c.body
+	*br = bodyReader{src: src, rc: c.w.rc, idle: c.g.opts.BodyTimeout}
 	br.deadline, br.hasDeadline = ctx.Deadline()
 	return br, true
 }
