@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 )
 
 // Usage is the token count an engine reported for one request, read from
@@ -189,15 +190,92 @@ type usageFields struct {
 }
 
 func (s *UsageScanner) parse() {
-	var f usageFields
-	if json.Unmarshal(s.obj, &f) != nil || f.PromptTokens == nil || *f.PromptTokens < 0 {
+	c, ok := plainUsage(s.obj)
+	if !ok {
+		var f usageFields
+		if json.Unmarshal(s.obj, &f) != nil {
+			return
+		}
+		c = usageCounts{hasPrompt: f.PromptTokens != nil, hasCompletion: f.CompletionTokens != nil}
+		if c.hasPrompt {
+			c.prompt = *f.PromptTokens
+		}
+		if c.hasCompletion {
+			c.completion = *f.CompletionTokens
+		}
+	}
+	if !c.hasPrompt || c.prompt < 0 {
 		return
 	}
-	u := Usage{PromptTokens: *f.PromptTokens}
-	if f.CompletionTokens != nil && *f.CompletionTokens >= 0 {
-		u.CompletionTokens = *f.CompletionTokens // embeddings have none
+	u := Usage{PromptTokens: c.prompt}
+	if c.hasCompletion && c.completion >= 0 {
+		u.CompletionTokens = c.completion // embeddings have none
 	}
 	s.last, s.found = u, true
+}
+
+// usageCounts are usageFields without the pointers.
+type usageCounts struct {
+	prompt, completion       int64
+	hasPrompt, hasCompletion bool
+}
+
+var (
+	promptTokensKey     = []byte("prompt_tokens")
+	completionTokensKey = []byte("completion_tokens")
+)
+
+// plainUsage reads a usage object as json.Unmarshal would, without its
+// reflection and allocations, when the object is plain: valid, counts
+// that are integers or null under their exact keys, no other key that
+// encoding/json would fold onto theirs, no escaped key. It reports false
+// for any other object, which json.Unmarshal then reads (or refuses).
+func plainUsage(obj []byte) (c usageCounts, ok bool) {
+	if !json.Valid(obj) {
+		return c, false
+	}
+	sc := scanner{b: obj}
+	sc.next() // '{'
+	sc.i++
+	for sc.next() != '}' {
+		if sc.b[sc.i] == ',' {
+			sc.i++
+			sc.next()
+		}
+		tok := sc.value()
+		sc.next() // ':'
+		sc.i++
+		sc.next()
+		val := sc.value()
+		key := tok[1 : len(tok)-1]
+		var n *int64
+		var has *bool
+		switch {
+		case bytes.IndexByte(key, '\\') >= 0:
+			return c, false
+		case bytes.Equal(key, promptTokensKey):
+			n, has = &c.prompt, &c.hasPrompt
+		case bytes.Equal(key, completionTokensKey):
+			n, has = &c.completion, &c.hasCompletion
+		case bytes.EqualFold(key, promptTokensKey), bytes.EqualFold(key, completionTokensKey):
+			return c, false
+		default:
+			continue
+		}
+		if string(val) == "null" {
+			*n, *has = 0, false
+			continue
+		}
+		if bytes.ContainsAny(val, ".eE") {
+			return c, false
+		}
+		v, err := strconv.ParseInt(string(val), 10, 64)
+		if err != nil {
+			return c, false // not a number, or out of range
+		}
+		*n, *has = v, true
+	}
+	return c, true
 }
 
 // Usage is the last complete usage object seen, if any.

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,4 +101,45 @@ func BenchmarkUsageScanner(b *testing.B) {
 			b.Fatal("no usage")
 		}
 	}
+}
+
+// BenchmarkUsageScannerPlain: the scan of a plain answer with its usage.
+func BenchmarkUsageScannerPlain(b *testing.B) {
+	answer := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1764550000,"model":"qwen3-8b",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"logprobs":null,"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":21,"total_tokens":45,"completion_tokens":24,"prompt_tokens_details":null}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		var s UsageScanner
+		_, _ = s.Write(answer)
+		if _, ok := s.Usage(); !ok {
+			b.Fatal("no usage")
+		}
+	}
+}
+
+// FuzzPlainUsage: what plainUsage reads is what json.Unmarshal reads.
+func FuzzPlainUsage(f *testing.F) {
+	for _, s := range []string{`{"prompt_tokens":1,"completion_tokens":2}`, `{"prompt_tokens":null}`, `{"prompt_tokens":1.0}`,
+		`{"Prompt_Tokens":3}`, `{"prompt_tokens":1,"prompt_tokens":-2}`, `{"prompt_tokens":99999999999999999999}`,
+		`{"x":{"prompt_tokens":1},"completion_tokens":"2"}`, `{"prompt_tokens":1e2}`, `{"prompt\u005ftokens":1}`, `{"prompt_tokens":1`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		if len(obj) == 0 || obj[0] != '{' {
+			return // the scanner captures objects only
+		}
+		c, ok := plainUsage(obj)
+		if !ok {
+			return
+		}
+		var u usageFields
+		if err := json.Unmarshal(obj, &u); err != nil {
+			t.Fatalf("plainUsage read %q, which json.Unmarshal refuses: %v", obj, err)
+		}
+		if (u.PromptTokens != nil) != c.hasPrompt || (u.PromptTokens != nil && *u.PromptTokens != c.prompt) ||
+			(u.CompletionTokens != nil) != c.hasCompletion || (u.CompletionTokens != nil && *u.CompletionTokens != c.completion) {
+			t.Fatalf("plainUsage(%q) = %+v, json.Unmarshal %v %v", obj, c, u.PromptTokens, u.CompletionTokens)
+		}
+	})
 }
