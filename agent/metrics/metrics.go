@@ -11,6 +11,7 @@ package metrics
 import (
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/napd/napd/agent/lifecycle"
@@ -66,6 +67,27 @@ type Metrics struct {
 	// clients is the set of names the client label may take (the current
 	// keys file's); nil while no keys file bounds it.
 	clients atomic.Pointer[map[string]bool]
+
+	// The series of each request label set, looked up once rather than
+	// by label values, metric by metric, on every request. Emptied, under
+	// the write lock, with every deletion of series, so no handle
+	// outlives its series.
+	mu      sync.RWMutex
+	handles map[requestKey]requestSeries
+}
+
+// requestKey is what labels a request's series.
+type requestKey struct {
+	model, client, kind string
+	stream              bool
+	status              int
+}
+
+// requestSeries are the series a request updates, each nil until a
+// request needs it: a series exists only once something was counted in it.
+type requestSeries struct {
+	requests, prompt, completion             prometheus.Counter
+	duration, queueWait, firstByte, wakeWait prometheus.Observer
 }
 
 // waitBuckets are the buckets (seconds) of a wake and of a wait for GPU
@@ -84,7 +106,8 @@ func requestHistogram(name, help string) *prometheus.HistogramVec {
 // New registers every metric. snapshot is called at each scrape.
 func New(snapshot func() Snapshot) *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		reg:     prometheus.NewRegistry(),
+		handles: map[requestKey]requestSeries{},
 		Wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "napd_wakes_total", Help: "Wake attempts by model and result (ok, unhealthy, timeout, exited).",
 		}, []string{"model", "result"}),
@@ -148,6 +171,9 @@ func (m *Metrics) Handler() http.Handler {
 
 // Forget drops the counters of a model removed by a reload.
 func (m *Metrics) Forget(model string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dropHandles()
 	for _, v := range []*prometheus.CounterVec{m.Wakes, m.Sleeps, m.Requests, m.Decisions, m.promptTokens, m.completionTokens, m.RoomWaits, m.Swaps} {
 		v.DeletePartialMatch(prometheus.Labels{"model": model})
 	}
@@ -168,10 +194,13 @@ func (m *Metrics) SetClients(names []string) {
 			set[n] = true
 		}
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	prev := m.clients.Swap(&set)
 	if prev == nil || *prev == nil {
 		return
 	}
+	m.dropHandles()
 	for n := range *prev {
 		if !set[n] {
 			for _, v := range []*prometheus.CounterVec{m.Requests, m.promptTokens, m.completionTokens} {
@@ -256,22 +285,67 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 // Request records one finished gateway request. Label values are bounded:
 // models by the config, clients by the keys file, kinds by the gateway.
 func (m *Metrics) Request(o gateway.Observation) {
-	client := m.client(o.Client)
-	m.Requests.WithLabelValues(o.Model, client, strconv.Itoa(o.Status)).Inc()
-	if !o.Admitted || o.Model == "" {
+	admitted := o.Admitted && o.Model != ""
+	s := m.series(requestKey{o.Model, m.client(o.Client), string(o.Kind), o.Stream, o.Status},
+		admitted, admitted && o.FirstByte > 0, admitted && o.WakeWait > 0, admitted && o.HasUsage)
+	s.requests.Inc()
+	if !admitted {
 		return
 	}
-	kind, stream := string(o.Kind), strconv.FormatBool(o.Stream)
-	m.duration.WithLabelValues(o.Model, kind, stream).Observe(o.Duration.Seconds())
-	m.queueWait.WithLabelValues(o.Model, kind, stream).Observe(o.QueueWait.Seconds())
+	s.duration.Observe(o.Duration.Seconds())
+	s.queueWait.Observe(o.QueueWait.Seconds())
 	if o.FirstByte > 0 {
-		m.firstByte.WithLabelValues(o.Model, kind, stream).Observe(o.FirstByte.Seconds())
+		s.firstByte.Observe(o.FirstByte.Seconds())
 	}
 	if o.WakeWait > 0 {
-		m.wakeWait.WithLabelValues(o.Model, kind, stream).Observe(o.WakeWait.Seconds())
+		s.wakeWait.Observe(o.WakeWait.Seconds())
 	}
 	if o.HasUsage {
-		m.promptTokens.WithLabelValues(o.Model, client).Add(float64(o.Usage.PromptTokens))
-		m.completionTokens.WithLabelValues(o.Model, client).Add(float64(o.Usage.CompletionTokens))
+		s.prompt.Add(float64(o.Usage.PromptTokens))
+		s.completion.Add(float64(o.Usage.CompletionTokens))
 	}
 }
+
+// series are k's series, with those a request needs beyond the request
+// counter (the histograms of an admitted request, first byte, wake wait,
+// tokens) made on first use.
+func (m *Metrics) series(k requestKey, admitted, firstByte, wake, usage bool) requestSeries {
+	m.mu.RLock()
+	s, ok := m.handles[k]
+	m.mu.RUnlock()
+	if ok && (!admitted || s.duration != nil) && (!firstByte || s.firstByte != nil) &&
+		(!wake || s.wakeWait != nil) && (!usage || s.prompt != nil) {
+		return s
+	}
+	// Made under the write lock: a deletion cannot fall between the
+	// series' making and its handle's caching.
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Again under the lock: a key removed by SetClients since must not
+	// bring its series back.
+	k.client = m.client(k.client)
+	s = m.handles[k]
+	if s.requests == nil {
+		s.requests = m.Requests.WithLabelValues(k.model, k.client, strconv.Itoa(k.status))
+	}
+	stream := strconv.FormatBool(k.stream)
+	if admitted && s.duration == nil {
+		s.duration = m.duration.WithLabelValues(k.model, k.kind, stream)
+		s.queueWait = m.queueWait.WithLabelValues(k.model, k.kind, stream)
+	}
+	if firstByte && s.firstByte == nil {
+		s.firstByte = m.firstByte.WithLabelValues(k.model, k.kind, stream)
+	}
+	if wake && s.wakeWait == nil {
+		s.wakeWait = m.wakeWait.WithLabelValues(k.model, k.kind, stream)
+	}
+	if usage && s.prompt == nil {
+		s.prompt = m.promptTokens.WithLabelValues(k.model, k.client)
+		s.completion = m.completionTokens.WithLabelValues(k.model, k.client)
+	}
+	m.handles[k] = s
+	return s
+}
+
+// dropHandles empties the handle cache; m.mu is held for writing.
+func (m *Metrics) dropHandles() { clear(m.handles) }

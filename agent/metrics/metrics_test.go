@@ -155,4 +155,26 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 	if _, ok := value(f["napd_requests_total"], map[string]string{"model": "a"}); ok {
 		t.Error("Forget left the removed model's request counters")
 	}
+	// The model back (a later reload): its requests are counted again, in
+	// new series, not in the handles of the dropped ones.
+	m.Request(gateway.Observation{Model: "a", Client: "alice", Status: 200, Admitted: true, Duration: time.Second,
+		HasUsage: true, Usage: gateway.Usage{PromptTokens: 2, CompletionTokens: 1}})
+	f = scrape(t, m)
+	for name, want := range map[string]float64{"napd_requests_total": 1, "napd_request_duration_seconds": 1, "napd_prompt_tokens_total": 2} {
+		if got, _ := value(f[name], map[string]string{"model": "a", "client": "alice"}); got != want {
+			t.Errorf("%s of the model back after Forget: %v, want %v", name, got, want)
+		}
+	}
+}
+
+// BenchmarkRequest: the metrics of one admitted request with usage.
+func BenchmarkRequest(b *testing.B) {
+	m := New(func() Snapshot { return Snapshot{} })
+	o := gateway.Observation{Model: "qwen3-8b", Client: "alice", Kind: request.Chat, Stream: true, Status: 200,
+		Duration: 2 * time.Second, Admitted: true, FirstByte: 300 * time.Millisecond, QueueWait: time.Millisecond,
+		Usage: gateway.Usage{PromptTokens: 21, CompletionTokens: 24}, HasUsage: true}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.Request(o)
+	}
 }
