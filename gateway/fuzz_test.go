@@ -299,3 +299,50 @@ func TestParseTimeout(t *testing.T) {
 		}
 	}
 }
+
+// FuzzValidJSON: validJSON is json.Valid.
+func FuzzValidJSON(f *testing.F) {
+	for _, s := range []string{`{"a":[1,-2.5e+3,true,false,null,"x\u00e9\n"]}`, ` [ ] `, `{}`, `01`, `1.`, `-`, `1e`, `"\x"`,
+		"\"\x01\"", "\"\xff\"", `{"a":1,}`, `[1,]`, `{"a" 1}`, `[1 2]`, `{"a":{"b":[{}]}}x`, `"\u12"`, `nul`, ``, "\ufeff{}"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := validJSON(b), json.Valid(b); got != want {
+			t.Fatalf("validJSON(%q) = %v, json.Valid %v", b, got, want)
+		}
+	})
+}
+
+func TestValidJSONDepth(t *testing.T) {
+	for _, n := range []int{maxDepth - 1, maxDepth, maxDepth + 1} {
+		for _, open := range []string{"[", `{"a":`} {
+			close := "]"
+			if open != "[" {
+				close = "}"
+			}
+			b := []byte(strings.Repeat(open, n) + "1" + strings.Repeat(close, n))
+			if got, want := validJSON(b), json.Valid(b); got != want {
+				t.Errorf("%d deep %s: validJSON %v, json.Valid %v", n, open, got, want)
+			}
+		}
+	}
+}
+
+// BenchmarkParseBody: a small request and a long prompt.
+func BenchmarkParseBody(b *testing.B) {
+	for _, c := range []struct{ name, body string }{
+		{"small", smallBody},
+		{"prompt-90k", `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat(`Hello, \"world\". `, 5000) + `"}],"stream":true}`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			body := []byte(c.body)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := parseBody(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

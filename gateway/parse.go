@@ -31,7 +31,7 @@ var errAmbiguous = errors.New("ambiguous")
 // values are compared as raw bytes; only one with an escape is decoded.
 func parseBody(body []byte) (requestFields, error) {
 	var f requestFields
-	if !json.Valid(body) {
+	if !validJSON(body) {
 		// For the message: where and why.
 		var v any
 		return f, json.Unmarshal(body, &v)
@@ -113,7 +113,10 @@ func decodeString(val []byte, s *string) error {
 			return nil
 		}
 	}
-	return json.Unmarshal(val, s)
+	v := *s // a copy: only this slow path pays for its escape
+	err := json.Unmarshal(val, &v)
+	*s = v
+	return err
 }
 
 // decodeBool stores a bool value, as json.Unmarshal would.
@@ -126,7 +129,10 @@ func decodeBool(val []byte, b *bool) error {
 		*b = false
 		return nil
 	}
-	return json.Unmarshal(val, b)
+	v := *b
+	err := json.Unmarshal(val, &v)
+	*b = v
+	return err
 }
 
 // scanner walks JSON already known to be valid.
@@ -189,6 +195,204 @@ func (s *scanner) skipString() {
 			return
 		}
 	}
+}
+
+// maxDepth is how deep encoding/json lets arrays and objects nest.
+const maxDepth = 10000
+
+// validJSON reports whether b is one JSON value, exactly as json.Valid
+// does (invalid UTF-8 in strings included, nesting up to maxDepth), at
+// several times its speed: a prompt body is often tens of kilobytes.
+func validJSON(b []byte) bool {
+	var objects [maxDepth/64 + 1]uint64 // bit d: the container at depth d is an object
+	depth := 0
+	i := skipSpace(b, 0)
+	for {
+		// A value starts at i.
+		if i >= len(b) {
+			return false
+		}
+		switch c := b[i]; c {
+		case '{', '[':
+			if depth == maxDepth {
+				return false
+			}
+			depth++
+			if c == '{' {
+				objects[depth/64] |= 1 << (depth % 64)
+			} else {
+				objects[depth/64] &^= 1 << (depth % 64)
+			}
+			if i = skipSpace(b, i+1); i < len(b) && b[i] == c+2 { // '}' or ']'
+				depth--
+				i++
+				break
+			}
+			if c == '{' {
+				i = skipKey(b, i)
+			}
+			if i < 0 {
+				return false
+			}
+			continue
+		case '"':
+			i = skipJSONString(b, i)
+		case 't':
+			i = skipLiteral(b, i, "true")
+		case 'f':
+			i = skipLiteral(b, i, "false")
+		case 'n':
+			i = skipLiteral(b, i, "null")
+		default:
+			i = skipNumber(b, i)
+		}
+		if i < 0 {
+			return false
+		}
+		// After a value: the ends of the containers it closes, then a
+		// comma and the next value, or the end of b.
+		object := false
+		for {
+			i = skipSpace(b, i)
+			if depth == 0 {
+				return i == len(b)
+			}
+			if i >= len(b) {
+				return false
+			}
+			object = objects[depth/64]>>(depth%64)&1 == 1
+			if b[i] == ',' {
+				break
+			}
+			if (object && b[i] != '}') || (!object && b[i] != ']') {
+				return false
+			}
+			depth--
+			i++
+		}
+		i = skipSpace(b, i+1)
+		if object {
+			if i = skipKey(b, i); i < 0 {
+				return false
+			}
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipKey moves past a key, its colon and the space after; -1 if there
+// is none.
+func skipKey(b []byte, i int) int {
+	if i >= len(b) || b[i] != '"' {
+		return -1
+	}
+	if i = skipJSONString(b, i); i < 0 {
+		return -1
+	}
+	if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+		return -1
+	}
+	return skipSpace(b, i+1)
+}
+
+// plainByte marks the bytes a string holds as they are: not a quote, a
+// backslash or a control character.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < 256; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// skipJSONString moves past the string that starts at b[i]; -1 if it is
+// not a valid one.
+func skipJSONString(b []byte, i int) int {
+	i++
+	for {
+		for i < len(b) && plainByte[b[i]] {
+			i++
+		}
+		if i >= len(b) || b[i] < 0x20 {
+			return -1
+		}
+		if b[i] == '"' {
+			return i + 1
+		}
+		// A backslash.
+		if i++; i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i++
+		case 'u':
+			if i+4 >= len(b) {
+				return -1
+			}
+			for _, h := range b[i+1 : i+5] {
+				if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
+					return -1
+				}
+			}
+			i += 5
+		default:
+			return -1
+		}
+	}
+}
+
+// skipLiteral moves past lit at b[i]; -1 if it is not there.
+func skipLiteral(b []byte, i int, lit string) int {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return -1
+	}
+	return i + len(lit)
+}
+
+// skipNumber moves past the number at b[i]; -1 if there is none.
+func skipNumber(b []byte, i int) int {
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(b):
+		return -1
+	case b[i] == '0':
+		i++
+	case '1' <= b[i] && b[i] <= '9':
+		i = skipDigits(b, i)
+	default:
+		return -1
+	}
+	if i < len(b) && b[i] == '.' {
+		if i++; i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return -1
+		}
+		i = skipDigits(b, i)
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		if i++; i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return -1
+		}
+		i = skipDigits(b, i)
+	}
+	return i
+}
+
+func skipDigits(b []byte, i int) int {
+	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // parseTimeout reads X-Request-Timeout: a Go duration ("30s", "1m30s") or
