@@ -137,7 +137,11 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 	// Off the OpenAI routes a body need not be JSON; stream is then unknown.
 	c.stream = err == nil && fields.Stream
 	c.path, c.rawPath = path, rawPath
-	c.dispatch(ctx, r, wholeBody(body), key, bytes.NewReader(body))
+	var whole io.Reader // the fingerprint's, with a key only
+	if key != "" {
+		whole = bytes.NewReader(body)
+	}
+	c.dispatch(ctx, r, wholeBody(body), key, whole)
 }
 
 // dispatch admits and proxies a request whose model, path and stream are

@@ -88,7 +88,11 @@ func newPathRules(deny, allow []string) pathRules {
 // cleaned ("//sleep", "/a/../sleep" and "/sleep/" are "/sleep") and without
 // regard to case, so no spelling slips past a rule.
 func (r pathRules) refused(method, p string) bool {
-	clean := strings.ToLower(path.Clean("/" + p))
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	// Clean and ToLower return an already clean lower-case path as it is.
+	clean := strings.ToLower(path.Clean(p))
 	return matchAny(r.deny, method, clean) && !matchAny(r.allow, method, clean)
 }
 

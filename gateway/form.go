@@ -37,7 +37,13 @@ func (e errForm) Error() string { return string(e) }
 // isForm reports whether r's body is multipart/form-data and returns its
 // boundary ("" with ok when the boundary is missing or invalid).
 func isForm(r *http.Request) (boundary string, ok bool) {
-	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	ct := r.Header.Get("Content-Type")
+	if ct == "" || notM(ct[0]) {
+		// Not multipart (most requests: application/json), without
+		// ParseMediaType's allocations.
+		return "", false
+	}
+	mt, params, err := mime.ParseMediaType(ct)
 	if err != nil || mt != "multipart/form-data" {
 		return "", false
 	}
@@ -46,6 +52,13 @@ func isForm(r *http.Request) (boundary string, ok bool) {
 		b = ""
 	}
 	return b, true
+}
+
+// notM reports whether c is an ASCII letter other than m or M, which no
+// media type "multipart/…" can begin with, space or not.
+func notM(c byte) bool {
+	c |= 0x20
+	return 'a' <= c && c <= 'z' && c != 'm'
 }
 
 // forwardForm streams a multipart form to the engine. When route is set it

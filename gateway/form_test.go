@@ -8,6 +8,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -413,5 +414,24 @@ func TestGateway_FormHonoursKeyScope(t *testing.T) {
 	}
 	if _, models := eng.got(); len(models) != 1 || models[0] != "m2" {
 		t.Errorf("engine got %v", models)
+	}
+}
+
+func TestIsForm(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"multipart/form-data; boundary=x":   true,
+		"Multipart/Form-Data; boundary=x":   true,
+		" multipart/form-data; boundary=x":  true,
+		"multipart/form-data":               true, // refused later: no boundary
+		"application/json":                  false,
+		"":                                  false,
+		"multipart/mixed; boundary=x":       false,
+		"text/plain; x=multipart/form-data": false,
+	} {
+		r := httptest.NewRequest("POST", "/v1/audio/transcriptions", nil)
+		r.Header.Set("Content-Type", ct)
+		if _, ok := isForm(r); ok != want {
+			t.Errorf("isForm(%q) = %v, want %v", ct, ok, want)
+		}
 	}
 }
