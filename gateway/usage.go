@@ -65,6 +65,10 @@ func (s *UsageScanner) Write(p []byte) (int, error) {
 				s.state = stateValue
 			case s.state == stateValue && c == '{':
 				s.state, s.depth, s.inString, s.escape = stateObject, 1, false, false
+				if s.obj == nil {
+					// Room for a usual object at once: one allocation.
+					s.obj = make([]byte, 0, 256)
+				}
 				s.obj = append(s.obj[:0], '{')
 			default:
 				// Not an object (vLLM sends "usage":null in chunks without
@@ -99,7 +103,7 @@ func (s *UsageScanner) search(p []byte) []byte {
 		// a quote, which the plain search below finds.
 	}
 	for {
-		i := bytes.Index(p, usageKey)
+		i := indexKey(p)
 		if i < 0 {
 			s.partial(p)
 			return nil
@@ -116,6 +120,23 @@ func (s *UsageScanner) search(p []byte) []byte {
 		s.prevEsc = false
 		p = p[i+1:]
 	}
+}
+
+// indexKey is bytes.Index(p, usageKey), anchored on the key's u rather
+// than its quote: a quote is JSON's commonest byte, and a scan for the
+// first byte stops at each.
+func indexKey(p []byte) int {
+	for off := 1; off < len(p); {
+		j := bytes.Index(p[off:], usageKey[1:])
+		if j < 0 {
+			return -1
+		}
+		if j += off; p[j-1] == '"' {
+			return j - 1
+		}
+		off = j + 1
+	}
+	return -1
 }
 
 // partial remembers how much of usageKey the end of p begins, for the next
@@ -231,7 +252,7 @@ var (
 // encoding/json would fold onto theirs, no escaped key. It reports false
 // for any other object, which json.Unmarshal then reads (or refuses).
 func plainUsage(obj []byte) (c usageCounts, ok bool) {
-	if !json.Valid(obj) {
+	if !validJSON(obj) {
 		return c, false
 	}
 	sc := scanner{b: obj}
