@@ -34,7 +34,7 @@ const headStack = 1 << 10
 
 // readAnswer reads the head of req's answer from br and frames its body,
 // as http.ReadResponse does.
-func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+func readAnswer(br *bufio.Reader, req *http.Request) (*answer, error) {
 	var stack [headStack]byte
 	raw, err := readHead(br, stack[:0])
 	if err != nil {
@@ -51,20 +51,27 @@ func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 	if err := parseStatus(resp, strings.TrimSuffix(head[:nl], "\r")); err != nil {
 		return nil, err
 	}
-	if resp.Header, err = buildFields(head[nl+1:], fields); err != nil {
+	if resp.Header, err = buildFields(head[nl+1:], fields, a.values[:]); err != nil {
 		return nil, err
 	}
 	if err := frame(resp, br, &a.body); err != nil {
 		return nil, err
 	}
-	return resp, nil
+	return a, nil
 }
 
-// answer is an answer and its body, made in one allocation.
+// answer is an answer and its body, the Transport's body over that, and
+// the values of a small header, made in one allocation.
 type answer struct {
-	resp http.Response
-	body answerBody
+	resp   http.Response
+	body   answerBody
+	tb     body
+	values [answerValues]string
 }
+
+// answerValues is the most header values an answer holds in itself; an
+// engine's answers have fewer (uvicorn's: about 5).
+const answerValues = 8
 
 // readHead reads a head, up to and with its first empty line, from br
 // into scratch (grown if need be), which it returns.
@@ -198,10 +205,13 @@ func canonicalName(k []byte) {
 // buildFields makes the header of the n lines of s, which checkFields
 // accepted, and checks their values: names and values are pieces of s,
 // and the values of all names share one backing array, as net/textproto's
-// reader does.
-func buildFields(s string, n int) (http.Header, error) {
+// reader does: room, when it holds n, or one made.
+func buildFields(s string, n int, room []string) (http.Header, error) {
 	h := make(http.Header, n)
-	values := make([]string, min(n, 1000)) // as textproto, a cap against overallocation
+	values := room
+	if n > len(room) {
+		values = make([]string, min(n, 1000)) // as textproto, a cap against overallocation
+	}
 	for {
 		var line string
 		line, s = nextLine(s)
@@ -504,7 +514,7 @@ func (b *answerBody) readTrailer() error {
 	if err != nil {
 		return err
 	}
-	t, err := buildFields(string(raw), n)
+	t, err := buildFields(string(raw), n, nil)
 	if err != nil {
 		return err
 	}

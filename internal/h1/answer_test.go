@@ -122,7 +122,7 @@ func TestReadAnswerAsNetHTTP(t *testing.T) {
 func TestReadAnswerFields(t *testing.T) {
 	read := func(answer, method string) (*http.Response, string) {
 		t.Helper()
-		resp, err := readAnswer(bufio.NewReader(strings.NewReader(answer)), &http.Request{Method: method})
+		resp, err := readResponse(bufio.NewReader(strings.NewReader(answer)), &http.Request{Method: method})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,6 +149,15 @@ func TestReadAnswerFields(t *testing.T) {
 	}
 }
 
+// readResponse is readAnswer with http.ReadResponse's signature.
+func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	a, err := readAnswer(br, req)
+	if err != nil {
+		return nil, err
+	}
+	return &a.resp, nil
+}
+
 // compareAnswers reads data with readAnswer and http.ReadResponse and
 // fails t where they differ: readAnswer refuses all net/http refuses, and
 // otherwise reads the same answer, or refuses it for a reason it has and
@@ -157,7 +166,7 @@ func compareAnswers(t *testing.T, data []byte, req *http.Request) (refused bool)
 	t.Helper()
 	wbr, gbr := bufio.NewReaderSize(bytes.NewReader(data), 4096), bufio.NewReaderSize(bytes.NewReader(data), 4096)
 	want, werr := http.ReadResponse(wbr, req)
-	got, gerr := readAnswer(gbr, req)
+	got, gerr := readResponse(gbr, req)
 	if werr != nil {
 		if gerr == nil {
 			t.Fatalf("readAnswer read %q, which net/http refuses (%v)", data, werr)
@@ -268,7 +277,7 @@ func BenchmarkReadAnswer(b *testing.B) {
 	readers := []struct {
 		name string
 		read func(*bufio.Reader, *http.Request) (*http.Response, error)
-	}{{"h1", readAnswer}, {"net-http", http.ReadResponse}}
+	}{{"h1", readResponse}, {"net-http", http.ReadResponse}}
 	req := &http.Request{Method: http.MethodPost}
 	for _, a := range engineAnswers {
 		for _, r := range readers {

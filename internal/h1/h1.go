@@ -76,6 +76,9 @@ type conn struct {
 	br    *bufio.Reader
 	used  time.Time // when it was put back idle
 	reuse bool      // it served a request before
+	// unblock fails the read or write a cancelled request waits in; made
+	// once, for every request's context.AfterFunc.
+	unblock func()
 }
 
 // maxHead bounds an answer's head, and maxInterim the interim (1xx)
@@ -220,6 +223,7 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 	}
 	c := &conn{nc: nc, lr: &limitedConn{Conn: nc, left: -1}}
 	c.br = bufio.NewReaderSize(c.lr, 4<<10)
+	c.unblock = func() { _ = nc.SetDeadline(stopped) }
 	// Made once: SyscallConn allocates a RawConn at each call, and a
 	// closure made for each peek would be allocated too.
 	if sc, ok := nc.(syscall.Conn); ok {
@@ -339,8 +343,12 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	// A cancelled request (client gone, deadline) unblocks whatever read
-	// or write it waits in; the connection is not reused after.
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(stopped) })
+	// or write it waits in; the connection is not reused after. A context
+	// that cannot be cancelled needs nothing.
+	stop := notCancelled
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, c.unblock)
+	}
 	bp := heads.Get().(*[]byte)
 	buf, err := appendHead((*bp)[:0], req)
 	if err == nil && req.ContentLength > 0 && req.ContentLength <= inline {
@@ -367,12 +375,12 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	var resp *http.Response
+	var a *answer
 	for interim := 0; ; interim++ {
 		c.lr.left = maxHead // the head is bounded; the body is the proxy's to stream
-		resp, err = readAnswer(c.br, req)
+		a, err = readAnswer(c.br, req)
 		c.lr.left = -1
-		if err == nil && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols && interim == maxInterim {
+		if err == nil && a.resp.StatusCode < 200 && a.resp.StatusCode != http.StatusSwitchingProtocols && interim == maxInterim {
 			err = errInterim
 		}
 		if err != nil {
@@ -384,10 +392,11 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		// 1xx answers other than 101 are interim; the final one follows.
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+		if a.resp.StatusCode >= 200 || a.resp.StatusCode == http.StatusSwitchingProtocols {
 			break
 		}
 	}
+	resp := &a.resp
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// No request here asks for an upgrade (those go to the fallback):
 		// the engine's 101 is an error. Handed on, ReverseProxy would
@@ -397,10 +406,14 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		t.discard(c)
 		return nil, errSwitched
 	}
-	resp.Body = &body{rc: resp.Body, t: t, c: c, stop: stop, ctx: ctx,
+	a.tb = body{rc: resp.Body, t: t, c: c, stop: stop, ctx: ctx,
 		keep: !resp.Close && !req.Close}
+	resp.Body = &a.tb
 	return resp, nil
 }
+
+// notCancelled is the stop of a context that cannot be cancelled.
+func notCancelled() bool { return true }
 
 func (t *Transport) discard(c *conn) { c.nc.Close() }
 

@@ -27,8 +27,9 @@ type response struct {
 	chunked   bool
 	noBody    bool // HEAD, 204, 304
 	written   int64
-	pending   []byte // held back before the head, when cl < 0
-	done      bool   // the handler returned
+	pending   []byte  // held back before the head, when cl < 0
+	held      *[]byte // pending's buffer, from holds
+	done      bool    // the handler returned
 
 	closeAfter bool
 	sayClose   bool  // the head's Connection is "close", not the handler's
@@ -41,6 +42,10 @@ var errAfterReturn = errors.New("h1: write after the handler returned")
 // writers are the connections' write buffers, held only while a request
 // is answered (not while a connection idles between requests).
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
+
+// holds are the buffers answers of unknown length are held back in, each
+// of pendingMax bytes (never grown: hold stays within it).
+var holds = sync.Pool{New: func() any { b := make([]byte, 0, pendingMax); return &b }}
 
 func (w *response) Header() http.Header { return w.header }
 
@@ -132,8 +137,9 @@ func (w *response) Write(p []byte) (int, error) {
 }
 
 func (w *response) hold(p []byte) {
-	if w.pending == nil {
-		w.pending = make([]byte, 0, pendingMax)
+	if w.held == nil {
+		w.held = holds.Get().(*[]byte)
+		w.pending = (*w.held)[:0]
 	}
 	w.pending = append(w.pending, p...)
 	w.written += int64(len(p))
@@ -361,6 +367,10 @@ func (w *response) finish() {
 		w.fail(bw.Flush())
 	} else if w.err == errPanicked && w.c.bw != nil {
 		_ = w.c.bw.Flush()
+	}
+	if w.held != nil {
+		holds.Put(w.held)
+		w.held = nil
 	}
 	w.pending = nil
 	if bw := w.c.bw; bw != nil {

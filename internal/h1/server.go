@@ -319,15 +319,15 @@ func (r *connReader) Read(p []byte) (int, error) {
 func (c *serverConn) serve() {
 	c.br = bufio.NewReaderSize(&c.cr, bufSize)
 	for {
-		r, ok := c.next()
+		ex, ok := c.next()
 		if !ok {
 			return
 		}
-		if r == nil {
+		if ex == nil {
 			c.handOff()
 			return
 		}
-		if keep, unread := c.serveOne(r); !keep {
+		if keep, unread := c.serveOne(ex); !keep {
 			if unread {
 				c.linger()
 			}
@@ -346,7 +346,7 @@ func (c *serverConn) close() {
 // next waits for a request and reads its head. It returns nil and true
 // for a request the Fallback must read, and false when the connection is
 // done (closed, timed out, shut down).
-func (c *serverConn) next() (*http.Request, bool) {
+func (c *serverConn) next() (*exchange, bool) {
 	s := c.s
 	// A new connection's first request is waited for as net/http waits:
 	// for the ReadHeaderTimeout, not as long as an idle one's next.
@@ -401,12 +401,12 @@ func (c *serverConn) next() (*http.Request, bool) {
 		}
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
-	r, ok := c.parse(head)
+	ex, ok := c.parse(head)
 	if !ok {
 		return nil, true
 	}
 	_, _ = c.br.Discard(len(head))
-	return r, true
+	return ex, true
 }
 
 // validHost: a Host net/http serves (httpguts.ValidHostHeader), not
@@ -441,9 +441,32 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// exchange is what the Server makes for one request, in one allocation
+// besides its head, header, request and context: its URL, body, response
+// writer and header values.
+//
+// The context is context.WithCancel's: one of the server's own type
+// would be cheaper, but the context package recognises only its own as
+// a parent through the values wrapped around it (the gateway's), and
+// would start a goroutine for each child of another.
+type exchange struct {
+	req    *http.Request
+	cancel context.CancelFunc // the request's context's
+	url    url.URL
+	body   reqBody // unused without a body
+	w      response
+	values [requestValues]string // the header's, when they fit
+}
+
+// requestValues is the most header values a request holds in its
+// exchange (Go's client sends 4, SDKs with their telemetry headers more);
+// a longer header has an array of its own.
+const requestValues = 20
+
 // parse reads a request head this server serves; false for any other.
-// Every string of the request is a piece of one copy of the head.
-func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
+// Every string of the request is a piece of one copy of the head, and
+// the header's values share one backing array.
+func (c *serverConn) parse(raw []byte) (*exchange, bool) {
 	head := string(raw[:len(raw)-2])
 	line, rest, _ := strings.Cut(head, "\r\n")
 	method, line, ok1 := strings.Cut(line, " ")
@@ -452,13 +475,17 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 		!printable(target) || strings.IndexByte(target, '#') >= 0 {
 		return nil, false
 	}
-	u, err := url.ParseRequestURI(target)
-	if err != nil {
+	var u url.URL
+	if !requestURL(&u, target) {
 		return nil, false
 	}
 	lines := strings.Count(rest, "\r\n")
+	ex := &exchange{url: u}
 	h := make(http.Header, lines)
-	values := make([]string, 0, lines)
+	values := ex.values[:0]
+	if lines > len(ex.values) {
+		values = make([]string, 0, lines)
+	}
 	host, hosts := "", 0
 	cl := int64(0)
 	hasCL, clAt := false, 0
@@ -509,7 +536,11 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 			}
 		}
 		values = append(values, v)
-		h[k] = append(h[k], values[len(values)-1:len(values):len(values)]...)
+		if vv := h[k]; vv != nil {
+			h[k] = append(vv, v)
+		} else {
+			h[k] = values[len(values)-1 : len(values) : len(values)]
+		}
 	}
 	if hosts != 1 || !validHost(host) {
 		return nil, false
@@ -518,12 +549,13 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 	var body io.ReadCloser = http.NoBody
 	c.bodyDone = true
 	if cl > 0 {
-		body = &reqBody{c: c, left: cl}
+		ex.body.c, ex.body.left = c, cl
+		body = &ex.body
 		c.bodyDone = false
 	}
-	r := &http.Request{
+	r := http.Request{
 		Method:        method,
-		URL:           u,
+		URL:           &ex.url,
 		Proto:         proto,
 		ProtoMajor:    1,
 		ProtoMinor:    1,
@@ -535,7 +567,33 @@ func (c *serverConn) parse(raw []byte) (*http.Request, bool) {
 		RemoteAddr:    c.raddr,
 		RequestURI:    target,
 	}
-	return r, true
+	ctx, cancel := context.WithCancel(c.ctx)
+	ex.req, ex.cancel = r.WithContext(ctx), cancel
+	return ex, true
+}
+
+// requestURL sets u to url.ParseRequestURI(target) for an origin-form
+// target, which most are: one whose path needs no unescaping (nor
+// escaping back) is cut into Path and RawQuery as ParseRequestURI would,
+// with no allocation; another is left to it. false: it refuses target.
+func requestURL(u *url.URL, target string) bool {
+	path, query, hasQuery := strings.Cut(target, "?")
+	plain := true
+	for i := 0; i < len(path) && plain; i++ {
+		c := path[i]
+		plain = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("$&+,-./:;=@_~", c) >= 0
+	}
+	if plain {
+		// "/a?" has ForceQuery, "/a??" a RawQuery of "?".
+		*u = url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+		return true
+	}
+	p, err := url.ParseRequestURI(target)
+	if err != nil {
+		return false
+	}
+	*u = *p
+	return true
 }
 
 // handOff gives the connection, with what was read of it, to Fallback.
@@ -576,17 +634,20 @@ func closeWrite(c net.Conn) error {
 // serveOne runs the handler for r and finishes its response; it reports
 // whether the connection serves another request, and whether the client
 // may still be sending a body nobody read.
-func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
+func (c *serverConn) serveOne(ex *exchange) (keep, unread bool) {
 	s := c.s
+	r := ex.req
 	// The body as parsed: the handler may replace r.Body, or hand it to a
 	// goroutine that outlives it.
-	body, _ := r.Body.(*reqBody)
+	var body *reqBody
+	if ex.body.c != nil {
+		body = &ex.body
+	}
 	c.served, c.lastPost = true, r.Method == http.MethodPost
-	ctx, cancel := context.WithCancel(c.ctx)
-	r = r.WithContext(ctx)
-	w := &response{c: c, req: r, header: make(http.Header), cl: -1}
+	w := &ex.w
+	w.c, w.req, w.header, w.cl = c, r, make(http.Header), -1
 	c.mu.Lock()
-	c.cancel = cancel
+	c.cancel = ex.cancel
 	c.mu.Unlock()
 	c.begun.Store(time.Now().UnixNano())
 	s.active.Add(1)
@@ -597,7 +658,7 @@ func (c *serverConn) serveOne(r *http.Request) (keep, unread bool) {
 	panicked := c.handle(w, r)
 	s.active.Add(-1)
 	c.endWatch()
-	cancel()
+	ex.cancel()
 	if panicked {
 		// What was written goes out, unfinished: the client sees the
 		// answer cut, not ended.

@@ -1275,6 +1275,9 @@ func FuzzServerHead(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: x\r\nPragma: no-cache\r\nX-Empty:\r\nX-Tab:\tv\t\r\n\r\n",
 		"GET /a%20b HTTP/1.1\r\nHost: x\r\nX-Obs: caf\xc3\xa9\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\xc2\x85\r\n\r\n",
+		"GET /a?? HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET //a/b:c@d? HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /a%2Fb!c?q=%zz HTTP/1.1\r\nHost: x\r\n\r\n",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -1285,16 +1288,17 @@ func FuzzServerHead(f *testing.F) {
 		} else {
 			head = append(bytes.Clone(in), "\r\n\r\n"...)
 		}
-		c := &serverConn{s: &Server{}}
-		r, ok := c.parse(head)
+		c := &serverConn{s: &Server{}, ctx: context.Background()}
+		ex, ok := c.parse(head)
 		if !ok {
 			return
 		}
+		r := ex.req
 		want, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
 		if err != nil {
 			t.Fatalf("parse accepted %q, net/http: %v", head, err)
 		}
-		if r.Method != want.Method || r.RequestURI != want.RequestURI || r.URL.String() != want.URL.String() ||
+		if r.Method != want.Method || r.RequestURI != want.RequestURI || *r.URL != *want.URL ||
 			r.Host != want.Host || r.ContentLength != want.ContentLength || r.Close != want.Close {
 			t.Fatalf("%q: parsed %s %q %q %d %v, net/http %s %q %q %d %v", head,
 				r.Method, r.RequestURI, r.Host, r.ContentLength, r.Close,
@@ -1309,4 +1313,60 @@ func FuzzServerHead(f *testing.F) {
 			}
 		}
 	})
+}
+
+type ctxKey struct{}
+
+// The request's context has BaseContext's values and deadline, ends with
+// its request (and so do its children, also through values wrapped
+// around it), and ends when BaseContext does: the running request's at
+// once; a request begun after is done from its start.
+func TestServerRequestContext(t *testing.T) {
+	deadline := time.Now().Add(time.Hour)
+	base, cancelBase := context.WithDeadline(context.WithValue(context.Background(), ctxKey{}, "v"), deadline)
+	defer cancelBase()
+	type seen struct {
+		ctx, child context.Context
+		err        error
+	}
+	seenc := make(chan seen, 1)
+	running := make(chan struct{}, 1)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		if d, ok := ctx.Deadline(); !ok || !d.Equal(deadline) || ctx.Value(ctxKey{}) != "v" {
+			t.Errorf("deadline %v %v, value %v: want BaseContext's", d, ok, ctx.Value(ctxKey{}))
+		}
+		switch r.URL.Path {
+		case "/wait":
+			running <- struct{}{}
+			<-ctx.Done()
+		case "/child":
+			// Ended by its parent, after the handler returned.
+			child, cancel := context.WithCancel(context.WithValue(ctx, ctxKey{}, "w"))
+			go func() { <-child.Done(); cancel() }()
+			seenc <- seen{ctx: ctx, child: child, err: child.Err()}
+			return
+		}
+		seenc <- seen{ctx: ctx, err: ctx.Err()}
+	}, func(s *Server) { s.BaseContext = base })
+
+	c := dialServer(t, ts.addr)
+	c.send(get("/child"))
+	c.answer("GET")
+	s := <-seenc
+	if s.err != nil || s.ctx.Err() != context.Canceled || context.Cause(s.ctx) != context.Canceled || s.child.Err() != context.Canceled {
+		t.Fatalf("while running %v; after: %v, cause %v, child %v", s.err, s.ctx.Err(), context.Cause(s.ctx), s.child.Err())
+	}
+	c.send(get("/wait"))
+	<-running
+	cancelBase()
+	if s := <-seenc; s.err != context.Canceled {
+		t.Fatalf("BaseContext ended: the running request's context ended with %v", s.err)
+	}
+	c.answer("GET")
+	c.send(get("/"))
+	c.answer("GET")
+	if s := <-seenc; s.err != context.Canceled {
+		t.Fatalf("a request begun after BaseContext ended: %v", s.err)
+	}
 }
