@@ -12,11 +12,13 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,7 +74,7 @@ type call struct {
 	// Set for the proxy: where to send the request and with what.
 	ticket        *Ticket
 	path, rawPath string
-	proxyErr      error // from the proxy's ErrorHandler
+	proxyErr      error // the engine's answer did not come, or could not be handed on
 	bodyErr       error // reading the engine's response body
 	fault         Fault // the engine's side, for the model layer and the log
 	gone          bool  // the client left before the engine answered
@@ -80,6 +82,11 @@ type call struct {
 	// transport's goroutine.
 	uploadErr atomic.Pointer[uploadFailure]
 	body      bodyReader // the request body, once opened (openBody)
+	// trace hands the engine's 1xx answers on (interim) until traceDone:
+	// the transport may report one from its own goroutine.
+	trace     httptrace.ClientTrace
+	traceMu   sync.Mutex
+	traceDone bool
 }
 
 type callKey struct{}
@@ -489,10 +496,18 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 			served = c.served
 		}
 	}
-	out := r.WithContext(context.WithValue(ctx, callKey{}, c))
-	out.TransferEncoding = nil
-	up.attach(out, served)
-	c.g.proxy.ServeHTTP(c.w, out)
+	if upgradeType(r.Header) != "" {
+		out := r.WithContext(context.WithValue(ctx, callKey{}, c))
+		out.TransferEncoding = nil
+		up.attach(out, served)
+		c.g.upgrades.ServeHTTP(c.w, out)
+	} else {
+		out := r.WithContext(c.traced(ctx))
+		c.outbound(out, r)
+		out.TransferEncoding = nil
+		up.attach(out, served)
+		c.send(ctx, out)
+	}
 	if c.gone {
 		c.abort()
 	}
@@ -514,9 +529,17 @@ func (b wholeBody) attach(out *http.Request, served string) {
 	if served != "" {
 		body = setModel(body, served)
 	}
-	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
-	// Lets the transport retry a request that never reached a stale connection.
+	if len(body) == 0 {
+		out.Body, out.GetBody = nil, nil
+		return
+	}
+	// A NopCloser'd bytes.Reader is what net/http knows to be in memory,
+	// and GetBody what napd's h1 does: either sends it with the head in
+	// one write. GetBody also lets the transport retry a request that
+	// never reached a stale connection, and a refused one go to the next
+	// engine instance.
+	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 

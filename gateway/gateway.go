@@ -118,10 +118,11 @@ type Gateway struct {
 	log     *slog.Logger
 	now     func() time.Time
 	created int64 // unix seconds, the "created" of every /v1/models entry
-	proxy   *httputil.ReverseProxy
-	routes  map[string]Route // by path
-	origins map[string]bool  // CORSOrigins
-	rules   pathRules
+	// upgrades serves the requests that ask for a protocol upgrade.
+	upgrades *httputil.ReverseProxy
+	routes   map[string]Route // by path
+	origins  map[string]bool  // CORSOrigins
+	rules    pathRules
 	// spooled, when set (by tests), learns how much of each form's head
 	// was held in memory and on disk.
 	spooled func(inMemory int, onDisk int64)
@@ -144,7 +145,7 @@ func New(opts Options, models Models) *Gateway {
 	}
 	g.rules = newPathRules(opts.UpstreamDeny, opts.UpstreamAllow)
 	g.created = g.now().Unix()
-	g.proxy = g.newProxy()
+	g.upgrades = g.newUpgrades()
 	g.routes = make(map[string]Route, len(opts.Routes))
 	for _, rt := range opts.Routes {
 		g.routes[rt.Path] = rt

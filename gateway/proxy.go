@@ -5,13 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,96 +25,440 @@ import (
 // one is not remembered (its retry runs again).
 const maxStored = 1 << 20
 
-// newProxy builds the one ReverseProxy every request goes through; the
-// per-request target and transport come from the call in the context.
-func (g *Gateway) newProxy() *httputil.ReverseProxy {
+// send sends out, the outbound request of c, to the ticket's engine
+// and streams the answer to the client. It does what httputil.ReverseProxy
+// did for these requests, without what napd has no use for (a Request
+// clone, header copies, per-request hooks): out is built by outbound,
+// the answer's headers are handed on without copying their values, and
+// the in-memory body goes to the transport as it is, so it leaves in one
+// write with the head.
+func (c *call) send(ctx context.Context, out *http.Request) {
+	resp, err := c.roundTrip(out)
+	c.traceMu.Lock()
+	c.traceDone = true
+	c.traceMu.Unlock()
+	if err != nil {
+		c.failed(ctx, err)
+		return
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// Only an upgrade request (g.upgrades) may be switched.
+		_ = c.answer(resp)
+		_ = resp.Body.Close()
+		c.failed(ctx, fmt.Errorf("backend tried to switch protocol %q when %q was requested", upgradeType(resp.Header), ""))
+		return
+	}
+	removeHopByHop(resp.Header)
+	if err := c.answer(resp); err != nil {
+		_ = resp.Body.Close()
+		c.failed(ctx, err)
+		return
+	}
+	h := c.w.Header()
+	for k, vv := range resp.Header {
+		if have, ok := h[k]; ok {
+			h[k] = append(have, vv...)
+		} else {
+			// Shared, not copied: nothing appends to the engine's
+			// header, and a later Add here reallocates (the transports
+			// cap each value slice at its length).
+			h[k] = vv
+		}
+	}
+	// The Trailer header is not in the transport's answer: it is
+	// announced from the trailers the answer declared.
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		h.Add("Trailer", strings.Join(keys, ", "))
+	}
+	c.w.WriteHeader(resp.StatusCode)
+	if err := c.copyAnswer(resp); err != nil {
+		defer resp.Body.Close()
+		// Mid-answer, all that is left is to cut the client's connection,
+		// under a server that recovers the panic (as ReverseProxy does).
+		if ctx.Value(http.ServerContextKey) == nil {
+			c.g.log.Debug("copy of the engine's answer failed", slog.Any("error", err))
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}
+	_ = resp.Body.Close() // now: it fills resp.Trailer
+	if len(resp.Trailer) > 0 {
+		// Chunked, so the trailers can follow (a short answer would
+		// otherwise go out with a Content-Length).
+		_ = c.w.rc.Flush()
+	}
+	if len(resp.Trailer) == announced {
+		for k, vv := range resp.Trailer {
+			h[k] = append(h[k], vv...)
+		}
+		return
+	}
+	for k, vv := range resp.Trailer {
+		k = http.TrailerPrefix + k
+		h[k] = append(h[k], vv...)
+	}
+}
+
+// copyAnswer copies the answer's body to the client. A stream (SSE, or of
+// unknown length) has its headers and each write flushed at once; an
+// answer of known length is not flushed per write (a flush would send
+// its headers in a write of their own: docs/bench.md).
+func (c *call) copyAnswer(resp *http.Response) error {
+	stream := resp.ContentLength == -1 || isEventStream(resp.Header.Get("Content-Type"))
+	if stream {
+		_ = c.w.rc.Flush()
+	}
+	bp := buffers.Get().(*[]byte)
+	defer buffers.Put(bp)
+	buf := *bp
+	for {
+		nr, rerr := resp.Body.Read(buf)
+		if rerr != nil && rerr != io.EOF && rerr != context.Canceled {
+			c.g.log.Debug("read error during the copy of the engine's answer", slog.Any("error", rerr))
+		}
+		if nr > 0 {
+			nw, werr := c.w.Write(buf[:nr])
+			if stream {
+				_ = c.w.rc.Flush()
+			}
+			if werr != nil {
+				return werr
+			}
+			if nw != nr {
+				return io.ErrShortWrite
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// traced is ctx with c's trace, which hands a 1xx answer the transport
+// reports (net/http's; napd's h1 drops interim answers) to the client, as
+// ReverseProxy does.
+func (c *call) traced(ctx context.Context) context.Context {
+	c.trace.Got1xxResponse = c.interim
+	return httptrace.WithClientTrace(ctx, &c.trace)
+}
+
+// isEventStream reports whether the media type of ct is SSE's, as
+// mime.ParseMediaType reads it (without the map of parameters it makes).
+func isEventStream(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}
+
+// interim hands a 1xx answer to the client, unless the round trip is over
+// (the transport may report one late, from its own goroutine).
+func (c *call) interim(code int, header textproto.MIMEHeader) error {
+	c.traceMu.Lock()
+	defer c.traceMu.Unlock()
+	if c.traceDone {
+		return nil
+	}
+	h := c.w.Header()
+	for k, vv := range header {
+		h[k] = append(h[k], vv...)
+	}
+	c.w.WriteHeader(code)
+	// A 1xx answer's headers are its own, not the final answer's.
+	clear(h)
+	return nil
+}
+
+// outbound makes out, a shallow copy of the client's request in, the
+// request for the engine: its URL and headers are out's own. What
+// ReverseProxy (with SetURL and SetXForwarded) did to them is done here
+// in one pass over in's headers, whose values are shared, not copied:
+// nothing changes a value in place.
+func (c *call) outbound(out, in *http.Request) {
+	u := *in.URL
+	u.Scheme, u.Host = c.ticket.Target.Scheme, c.ticket.Target.Host
+	u.Path, u.RawPath = joinURLPath(c.ticket.Target, c.path, c.rawPath)
+	q := cleanQuery(in.URL.RawQuery)
+	if tq := c.ticket.Target.RawQuery; tq == "" || q == "" {
+		q = tq + q
+	} else {
+		q = tq + "&" + q
+	}
+	if c.served != "" && c.byQuery {
+		v, _ := url.ParseQuery(q)
+		v.Set("model", c.served)
+		q = v.Encode()
+	}
+	u.RawQuery = q
+	out.URL, out.Host, out.Close = &u, "", false
+
+	// Hop-by-hop headers and those named in Connection are the client's
+	// link's alone; forwarding headers are napd's to set.
+	var named []string
+	for _, v := range in.Header["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				named = append(named, http.CanonicalHeaderKey(f))
+			}
+		}
+	}
+	h := make(http.Header, len(in.Header)+3)
+	for k, vv := range in.Header {
+		if c.dropped(k) || slices.Contains(named, k) {
+			continue
+		}
+		h[k] = vv
+	}
+	// Backends that care may send trailers when the client said it takes them.
+	if hasToken(in.Header["Te"], "trailers") {
+		h["Te"] = teTrailers
+	}
+	// One allocation for both values.
+	fwd := []string{in.Host, ""}
+	h["X-Forwarded-Host"] = fwd[:1:1]
+	if ip, _, err := net.SplitHostPort(in.RemoteAddr); err == nil {
+		fwd[1] = ip
+		h["X-Forwarded-For"] = fwd[1:2:2]
+	}
+	if in.TLS == nil {
+		h["X-Forwarded-Proto"] = protoHTTP
+	} else {
+		h["X-Forwarded-Proto"] = protoHTTPS
+	}
+	if _, ok := h["User-Agent"]; !ok {
+		// None rather than Go's default.
+		h["User-Agent"] = noUserAgent
+	}
+	out.Header = h
+}
+
+// Shared header values: transports only read them.
+var (
+	teTrailers  = []string{"trailers"}
+	protoHTTP   = []string{"http"}
+	protoHTTPS  = []string{"https"}
+	noUserAgent = []string{""}
+)
+
+// dropped reports whether the client's header k stays out of the engine's
+// request.
+func (c *call) dropped(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+		"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+		return true
+	case "Cookie":
+		// Cookies of whatever else shares the host name (a web UI on
+		// localhost) are no engine's business.
+		return true
+	case "Authorization", "X-Api-Key":
+		// napd's key is for napd, never for the engine.
+		return c.g.opts.APIKeys != nil
+	case "Accept-Encoding":
+		// A mapped answer must come uncompressed.
+		return c.served != ""
+	}
+	return false
+}
+
+// hopByHop are the headers removed from an engine's answer, besides those
+// its Connection header names.
+var hopByHop = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func removeHopByHop(h http.Header) {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				h.Del(f)
+			}
+		}
+	}
+	for _, k := range hopByHop {
+		delete(h, k)
+	}
+}
+
+// hasToken reports whether a comma-separated list in vv holds token, in
+// any case.
+func hasToken(vv []string, token string) bool {
+	for _, v := range vv {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(f), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// upgradeType is the protocol a request or answer switches to, or "".
+func upgradeType(h http.Header) string {
+	if !hasToken(h["Connection"], "upgrade") {
+		return ""
+	}
+	return h.Get("Upgrade")
+}
+
+// joinURLPath is target's path followed by the request's, as
+// ReverseProxy's SetURL joins them.
+func joinURLPath(target *url.URL, path, rawPath string) (string, string) {
+	if target.RawPath == "" && rawPath == "" {
+		return joinSlash(target.Path, path), ""
+	}
+	b := url.URL{Path: path, RawPath: rawPath}
+	apath, bpath := target.EscapedPath(), b.EscapedPath()
+	aslash, bslash := strings.HasSuffix(apath, "/"), strings.HasPrefix(bpath, "/")
+	switch {
+	case aslash && bslash:
+		return target.Path + path[1:], apath + bpath[1:]
+	case !aslash && !bslash:
+		return target.Path + "/" + path, apath + "/" + bpath
+	}
+	return target.Path + path, apath + bpath
+}
+
+func joinSlash(a, b string) string {
+	aslash, bslash := strings.HasSuffix(a, "/"), strings.HasPrefix(b, "/")
+	switch {
+	case aslash && bslash:
+		return a + b[1:]
+	case !aslash && !bslash:
+		return a + "/" + b
+	}
+	return a + b
+}
+
+// maxQueryParams is ReverseProxy's bound on a query it passes on as it is.
+const maxQueryParams = 10000
+
+// cleanQuery is the query as ReverseProxy passes it on: re-encoded, which
+// drops what cannot be parsed, when it has a ';', a bad escape or too
+// many parameters; as it is otherwise.
+func cleanQuery(s string) string {
+	reencode := func(s string) string {
+		v, _ := url.ParseQuery(s)
+		return v.Encode()
+	}
+	if strings.Count(s, "&")+1 > maxQueryParams {
+		return reencode(s)
+	}
+	for i := 0; i < len(s); {
+		switch s[i] {
+		case ';':
+			return reencode(s)
+		case '%':
+			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+				return reencode(s)
+			}
+			i += 3
+		default:
+			i++
+		}
+	}
+	return s
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// answer prepares the engine's answer for the client (ReverseProxy's
+// ModifyResponse).
+func (c *call) answer(resp *http.Response) error {
+	if resp.StatusCode == http.StatusServiceUnavailable && !refusesBeforeWork(c.ticket.Transport) {
+		// napd's own 503 promises that no engine saw the request,
+		// so a balancer may retry it on another host. An engine's
+		// 503 may come after work began: it goes out as 502.
+		resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
+		resp.Header.Set(HeaderEngineStatus, "503")
+	}
+	c.setModelHeaders(resp.Header)
+	c.w.now = c.g.now
+	if c.corsAllowed {
+		dropEngineCORS(resp.Header)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil
+	}
+	resp.Body = &watchedBody{ReadCloser: resp.Body, c: c, end: endingOf(resp)}
+	if c.served != "" {
+		return c.mapAnswer(resp)
+	}
+	return nil
+}
+
+// failed answers a request the engine's answer did not reach (transport
+// error) or could not be handed on.
+func (c *call) failed(ctx context.Context, err error) {
+	c.proxyErr = err
+	if up := c.uploadErr.Load(); up != nil {
+		// The rest of a streamed upload failed: too large, too
+		// slow, or the client left. The transport returns only
+		// after its body reader stopped, so a failed read is
+		// known here; and it tells the cause apart where the
+		// context cannot (a read deadline on the client's
+		// connection also cancels the request's context).
+		c.gone = !c.bodyFailed(up.err, up.idle)
+		return
+	}
+	// Only the request's own deadline is a 504: a connect timeout
+	// (net's timeout error also reads as DeadlineExceeded) is the
+	// engine's fault.
+	var ref *Refusal
+	switch ctxErr := ctx.Err(); {
+	case errors.As(err, &ref):
+		c.refused(err) // a rerouted request the model could not take
+	case errors.Is(ctxErr, context.DeadlineExceeded):
+		c.fail(http.StatusGatewayTimeout, "timeout", "the engine of model "+c.model+" did not answer within the request deadline")
+	case ctxErr != nil:
+		// The client left (or the server is stopping): not an error.
+		c.gone = true
+	default:
+		c.fault = faultOf(err)
+		c.g.log.Warn("engine connection failed", slog.String("model", c.model), slog.String("fault", c.fault.String()), slog.Any("error", err))
+		c.fail(http.StatusBadGateway, "engine_unreachable", c.fault.message(c.model))
+	}
+}
+
+// newUpgrades builds the ReverseProxy that serves the rare requests that
+// ask for a protocol upgrade (a 101 answer hijacks the client's connection
+// and copies both ways): send does not. It makes the same outbound
+// request and handles the answer and errors alike; the call is in the
+// request's context.
+func (g *Gateway) newUpgrades() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			c := callOf(pr.In.Context())
-			pr.Out.URL.Path, pr.Out.URL.RawPath = c.path, c.rawPath
-			pr.SetURL(c.ticket.Target)
-			pr.SetXForwarded()
-			if g.opts.APIKeys != nil {
-				// napd's key is for napd, never for the engine.
-				pr.Out.Header.Del("Authorization")
-				pr.Out.Header.Del("X-Api-Key")
-			}
-			if c.served != "" {
-				// The answer is mapped back, so it must come uncompressed.
-				pr.Out.Header.Del("Accept-Encoding")
-				if c.byQuery {
-					q := pr.Out.URL.Query()
-					q.Set("model", c.served)
-					pr.Out.URL.RawQuery = q.Encode()
-				}
-			}
-			// Cookies of whatever else shares the host name (a web UI on
-			// localhost) are no engine's business.
-			pr.Out.Header.Del("Cookie")
+			callOf(pr.In.Context()).outbound(pr.Out, pr.In)
+			pr.Out.Header.Set("Connection", "Upgrade")
+			pr.Out.Header.Set("Upgrade", upgradeType(pr.In.Header))
 		},
-		Transport: ticketTransport{},
-		// 0, not -1: ReverseProxy flushes every write of a stream (SSE, or
-		// no Content-Length) anyway, and a FlushInterval of -1 would cost
-		// each answer of known length a timer goroutine that flushes its
-		// headers in a write of their own (measured: docs/bench.md).
-		FlushInterval: 0,
-		BufferPool:    bufferPool{},
-		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		Transport:  callTransport{},
+		BufferPool: bufferPool{},
+		ErrorLog:   slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		ModifyResponse: func(resp *http.Response) error {
-			c := callOf(resp.Request.Context())
-			if resp.StatusCode == http.StatusServiceUnavailable && !refusesBeforeWork(c.ticket.Transport) {
-				// napd's own 503 promises that no engine saw the request,
-				// so a balancer may retry it on another host. An engine's
-				// 503 may come after work began: it goes out as 502.
-				resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
-				resp.Header.Set(HeaderEngineStatus, "503")
-			}
-			c.setModelHeaders(resp.Header)
-			c.w.now = g.now
-			if c.corsAllowed {
-				dropEngineCORS(resp.Header)
-			}
-			if resp.StatusCode == http.StatusSwitchingProtocols {
-				return nil
-			}
-			resp.Body = &watchedBody{ReadCloser: resp.Body, c: c, end: endingOf(resp)}
-			if c.served != "" {
-				return c.mapAnswer(resp)
-			}
-			return nil
+			return callOf(resp.Request.Context()).answer(resp)
 		},
 		ErrorHandler: func(_ http.ResponseWriter, r *http.Request, err error) {
-			c := callOf(r.Context())
-			c.proxyErr = err
-			if up := c.uploadErr.Load(); up != nil {
-				// The rest of a streamed upload failed: too large, too
-				// slow, or the client left. The transport returns only
-				// after its body reader stopped, so a failed read is
-				// known here; and it tells the cause apart where the
-				// context cannot (a read deadline on the client's
-				// connection also cancels the request's context).
-				c.gone = !c.bodyFailed(up.err, up.idle)
-				return
-			}
-			// Only the request's own deadline is a 504: a connect timeout
-			// (net's timeout error also reads as DeadlineExceeded) is the
-			// engine's fault.
-			var ref *Refusal
-			switch ctxErr := r.Context().Err(); {
-			case errors.As(err, &ref):
-				c.refused(err) // a rerouted request the model could not take
-			case errors.Is(ctxErr, context.DeadlineExceeded):
-				c.fail(http.StatusGatewayTimeout, "timeout", "the engine of model "+c.model+" did not answer within the request deadline")
-			case ctxErr != nil:
-				// The client left (or the server is stopping): not an error.
-				c.gone = true
-			default:
-				c.fault = faultOf(err)
-				g.log.Warn("engine connection failed", slog.String("model", c.model), slog.String("fault", c.fault.String()), slog.Any("error", err))
-				c.fail(http.StatusBadGateway, "engine_unreachable", c.fault.message(c.model))
-			}
+			callOf(r.Context()).failed(r.Context(), err)
 		},
 	}
+}
+
+// callTransport is the upgrade proxy's transport: the call's roundTrip.
+type callTransport struct{}
+
+func (callTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return callOf(req.Context()).roundTrip(req)
 }
 
 // RefusingTransport is a Ticket.Transport whose 503s are refusals made
@@ -125,28 +474,14 @@ func refusesBeforeWork(rt http.RoundTripper) bool {
 	return ok
 }
 
-// ticketTransport sends each request with its ticket's transport. A
-// request whose connection was refused never reached the engine: it is
-// handed back to the model (Ticket.Reroute) to wait for the next verified
-// engine instance within its deadline, instead of failing with 502.
-type ticketTransport struct{}
-
 // maxReroutes bounds how often one request is handed back.
 const maxReroutes = 3
 
-func (ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	c := callOf(req.Context())
-	if req.GetBody != nil && req.Body != nil {
-		// A body read whole (GetBody set) comes wrapped by ReverseProxy in
-		// a reader net/http does not know is in memory, so it would send
-		// the engine the headers in a write of their own before the body:
-		// a fresh copy goes out with them in one.
-		if body, err := req.GetBody(); err == nil {
-			whole := *req
-			whole.Body = body
-			req = &whole
-		}
-	}
+// roundTrip sends req with its ticket's transport. A request whose
+// connection was refused never reached the engine: it is handed back to
+// the model (Ticket.Reroute) to wait for the next verified engine instance
+// within its deadline, instead of failing with 502.
+func (c *call) roundTrip(req *http.Request) (*http.Response, error) {
 	for n := 0; ; n++ {
 		rt := c.ticket.Transport
 		if rt == nil {

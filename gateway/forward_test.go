@@ -1,0 +1,219 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/napd/napd/internal/h1"
+)
+
+// The engine's request and answer lose their hop-by-hop headers (those
+// Connection names too), keep TE: trailers, carry napd's forwarding
+// headers and no default User-Agent; trailers come through.
+func TestForward_Headers(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		name := "net/http"
+		if own {
+			name = "h1"
+		}
+		t.Run(name, func(t *testing.T) {
+			seen := make(chan http.Header, 1)
+			e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				h := r.Header.Clone()
+				h.Set("Host", r.Host)
+				seen <- h
+				w.Header().Set("Connection", "X-Engine-Hop")
+				w.Header().Set("X-Engine-Hop", "1")
+				w.Header().Set("Keep-Alive", "timeout=5")
+				w.Header().Set("Trailer", "X-Sum")
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"ok":true}`)
+				w.Header().Set("X-Sum", "42")
+			}, Options{})
+			if own {
+				e.models.transport = &h1.Transport{}
+			}
+			req, err := http.NewRequest("POST", e.srv.URL+"/v1/completions?a=1;b=2", strings.NewReader(`{"model":"m1"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header["User-Agent"] = []string{""} // none
+			req.Header.Set("Connection", "X-Hop, keep-alive")
+			req.Header.Set("X-Hop", "1")
+			req.Header.Set("Te", "trailers")
+			req.Header.Set("Cookie", "session=1")
+			req.Header.Set("Proxy-Authorization", "Basic eA==")
+			req.Header.Set("X-Forwarded-For", "10.9.9.9")
+			req.Header.Set("Forwarded", "for=10.9.9.9")
+			req.Header.Set("X-Kept", "yes")
+			resp, err := e.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(body) != `{"ok":true}` {
+				t.Fatalf("status %d body %s", resp.StatusCode, body)
+			}
+			h := <-seen
+			for _, k := range []string{"X-Hop", "Cookie", "Proxy-Authorization", "Forwarded", "User-Agent", "Keep-Alive"} {
+				if v, ok := h[k]; ok {
+					t.Errorf("engine got %s: %q", k, v)
+				}
+			}
+			host := strings.TrimPrefix(e.srv.URL, "http://")
+			for k, want := range map[string]string{
+				"Te": "trailers", "X-Forwarded-For": "127.0.0.1", "X-Forwarded-Host": host,
+				"X-Forwarded-Proto": "http", "X-Kept": "yes", "Host": e.models.target.Host,
+			} {
+				if got := h.Values(k); len(got) != 1 || got[0] != want {
+					t.Errorf("engine got %s: %q, want %q", k, got, want)
+				}
+			}
+			for _, k := range []string{"X-Engine-Hop", "Keep-Alive"} {
+				if v := resp.Header.Get(k); v != "" {
+					t.Errorf("client got %s: %q", k, v)
+				}
+			}
+			if got := resp.Trailer.Get("X-Sum"); got != "42" {
+				t.Errorf("trailer X-Sum %q, want 42 (trailers %v)", got, resp.Trailer)
+			}
+			e.models.outcome()
+		})
+	}
+}
+
+// An engine's 1xx answer reported by the transport (net/http's) reaches
+// the client before the final one.
+func TestForward_Interim(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}, Options{})
+	var hints []string
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+		hints = append(hints, h.Get("Link"))
+		return nil
+	}}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
+		"POST", e.srv.URL+"/v1/completions", strings.NewReader(`{"model":"m1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Link") != "" {
+		t.Errorf("status %d, Link %q", resp.StatusCode, resp.Header.Get("Link"))
+	}
+	if len(hints) != 1 || hints[0] != "</style.css>; rel=preload" {
+		t.Errorf("1xx answers %q, want one with the Link", hints)
+	}
+	e.models.outcome()
+}
+
+// Each event of a stream reaches the client before the engine sends the
+// next: the headers and every write are flushed.
+func TestForward_StreamFlushed(t *testing.T) {
+	next := make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		for _, ev := range []string{"data: 1\n\n", "data: 2\n\n", "data: [DONE]\n\n"} {
+			select {
+			case <-next:
+			case <-r.Context().Done():
+				return
+			}
+			_, _ = io.WriteString(w, ev)
+			w.(http.Flusher).Flush()
+		}
+	}, Options{})
+	e.models.transport = &h1.Transport{}
+	resp, err := e.client.Post(e.srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","stream":true}`))
+	if err != nil { // the headers came before any event
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// An event held back would block the read for good: the bound fails it.
+	defer time.AfterFunc(10*time.Second, func() { resp.Body.Close() }).Stop()
+	br := bufio.NewReader(resp.Body)
+	for _, want := range []string{"data: 1", "data: 2", "data: [DONE]"} {
+		next <- struct{}{}
+		line, err := br.ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != want {
+			t.Fatalf("read %q, %v; want %q", line, err, want)
+		}
+		_, _ = br.ReadString('\n')
+	}
+	if o := e.models.outcome(); o.Cancelled {
+		t.Errorf("outcome %+v", o)
+	}
+}
+
+// A request that asks for a protocol upgrade is switched through to the
+// engine, which then talks on the same connection.
+func TestForward_Upgrade(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" || r.Header.Get("Cookie") != "" || r.Header.Get("X-Forwarded-For") == "" {
+			http.Error(w, "bad upgrade request", 400)
+			return
+		}
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		_ = brw.Flush()
+		line, _ := brw.ReadString('\n')
+		_, _ = brw.WriteString("echo: " + line)
+		_ = brw.Flush()
+	}, Options{})
+	req, err := http.NewRequest("GET", e.srv.URL+"/upstream/m1/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+	req.Header.Set("Cookie", "session=1")
+	resp, err := e.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		t.Fatal("101 body not writable")
+	}
+	if _, err := io.WriteString(rw, "hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(rw).ReadString('\n')
+	if err != nil || line != "echo: hello\n" {
+		t.Errorf("read %q, %v", line, err)
+	}
+	rw.Close()
+	e.models.outcome()
+}
