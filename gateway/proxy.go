@@ -56,14 +56,7 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 	}
 	h := c.w.Header()
 	for k, vv := range resp.Header {
-		if have, ok := h[k]; ok {
-			h[k] = append(have, vv...)
-		} else {
-			// Shared, not copied: nothing appends to the engine's
-			// header, and a later Add here reallocates (the transports
-			// cap each value slice at its length).
-			h[k] = vv
-		}
+		addValues(h, k, vv)
 	}
 	// The Trailer header is not in the transport's answer: it is
 	// announced from the trailers the answer declared.
@@ -94,13 +87,24 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 	}
 	if len(resp.Trailer) == announced {
 		for k, vv := range resp.Trailer {
-			h[k] = append(h[k], vv...)
+			addValues(h, k, vv)
 		}
 		return
 	}
 	for k, vv := range resp.Trailer {
-		k = http.TrailerPrefix + k
-		h[k] = append(h[k], vv...)
+		addValues(h, http.TrailerPrefix+k, vv)
+	}
+}
+
+// addValues adds vv to h's values of k, as Header.Add does each. A key h
+// does not have gets vv itself rather than a copy, capped at its length
+// so that a later Add there cannot write into the engine's header.
+func addValues(h http.Header, k string, vv []string) {
+	k = textproto.CanonicalMIMEHeaderKey(k)
+	if have, ok := h[k]; ok {
+		h[k] = append(have, vv...)
+	} else {
+		h[k] = vv[:len(vv):len(vv)]
 	}
 }
 
@@ -167,7 +171,7 @@ func (c *call) interim(code int, header textproto.MIMEHeader) error {
 	}
 	h := c.w.Header()
 	for k, vv := range header {
-		h[k] = append(h[k], vv...)
+		addValues(h, k, vv)
 	}
 	c.w.WriteHeader(code)
 	// A 1xx answer's headers are its own, not the final answer's.
@@ -178,8 +182,8 @@ func (c *call) interim(code int, header textproto.MIMEHeader) error {
 // outbound makes out, a shallow copy of the client's request in, the
 // request for the engine: its URL and headers are out's own. What
 // ReverseProxy (with SetURL and SetXForwarded) did to them is done here
-// in one pass over in's headers, whose values are shared, not copied:
-// nothing changes a value in place.
+// in one pass over in's headers, whose values are shared, not copied
+// (capped at their length, and nothing changes a value in place).
 func (c *call) outbound(out, in *http.Request) {
 	u := *in.URL
 	u.Scheme, u.Host = c.ticket.Target.Scheme, c.ticket.Target.Host
@@ -213,7 +217,7 @@ func (c *call) outbound(out, in *http.Request) {
 		if c.dropped(k) || slices.Contains(named, k) {
 			continue
 		}
-		h[k] = vv
+		h[k] = vv[:len(vv):len(vv)]
 	}
 	// Backends that care may send trailers when the client said it takes them.
 	if hasToken(in.Header["Te"], "trailers") {
