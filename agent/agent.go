@@ -56,6 +56,9 @@ type Options struct {
 	// ShutdownGrace is how long in-flight requests may take to finish after
 	// SIGTERM (default 30s).
 	ShutdownGrace time.Duration
+	// SetProcs lets napd size GOMAXPROCS by agent.cpus (see Procs); napd's
+	// main sets it, tests running an agent in their process do not.
+	SetProcs bool
 }
 
 // tickEvery is how often each model's deadlines are checked; planEvery how
@@ -143,7 +146,8 @@ func Run(ctx context.Context, opts Options) error {
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
 	a.metrics = metrics.New(a.metricsSnapshot)
-	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models))
+	cpus, _ := a.setProcs(cfg)
+	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models), "cpus", cpus)
 
 	if err := statefile.Dir(cfg.Agent.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state_dir: %w", err)

@@ -215,6 +215,9 @@ func (a *Agent) Reload() error {
 
 	// Nothing below fails.
 	a.level.Set(lvl)
+	if now, before := a.setProcs(cfg); now != before {
+		a.log.Info("cpus changed", "from", before, "to", now)
+	}
 	if restartOnly := restartOnlyChanges(old, cfg); len(restartOnly) > 0 {
 		a.log.Warn("config changes that take effect only at restart", "keys", restartOnly)
 	}

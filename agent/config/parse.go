@@ -359,6 +359,7 @@ func agentSchema(a *Agent) map[string]setter {
 		"events_address":       setString(&a.EventsAddress, optional(zmqAddress)),
 		"haproxy_agent_listen": setString(&a.HAProxyAgentListen, optional(hostPort)),
 		"log_level":            setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
+		"cpus":                 setInt(&a.CPUs, 0, 1<<12),
 	}
 }
 

@@ -63,6 +63,9 @@ type Agent struct {
 	// HAProxyAgentListen is the HAProxy agent-check address; "" = off.
 	HAProxyAgentListen string
 	LogLevel           string // "debug" | "info" | "warn" | "error"
+	// CPUs is how many threads run napd's own Go code at once
+	// (GOMAXPROCS); 0 = auto (see agent.Procs).
+	CPUs int
 }
 
 // Gateway is the [gateway] table.

@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"os"
+	"runtime"
+
+	"github.com/napd/napd/agent/config"
+)
+
+// Procs is how many threads run napd's own Go code at once (GOMAXPROCS):
+// agent.cpus when set; else GOMAXPROCS from the environment when set
+// (avail is then that value); else half of avail, the CPUs the runtime
+// found for napd (its cgroup's limit included), rounded up.
+//
+// Half, because napd shares its host with the engines it serves and their
+// clients, and it needs little CPU at once: every Go scheduler thread
+// past the work at hand spins looking for more before it sleeps, on a
+// CPU an engine or a client wanted. On the 2-CPU bench machine one thread
+// instead of two cut napd's CPU per proxied request by a fifth to a third
+// and its added latency at one connection by ~35 µs (docs/bench.md).
+// Sidecar proxies size themselves alike (Linkerd's proxy runs one worker
+// thread unless given more; Istio's Envoy two).
+func Procs(cpus int, envSet bool, avail int) int {
+	switch {
+	case cpus > 0:
+		return cpus
+	case envSet:
+		return avail
+	}
+	return max(1, (avail+1)/2)
+}
+
+// defaultProcs is the runtime's own GOMAXPROCS, read before napd sets it.
+var defaultProcs = runtime.GOMAXPROCS(0)
+
+// setProcs applies cfg's agent.cpus, at start and on reload, and returns
+// the GOMAXPROCS napd runs with and the one it ran with before.
+func (a *Agent) setProcs(cfg *config.Config) (now, before int) {
+	if !a.opts.SetProcs {
+		n := runtime.GOMAXPROCS(0)
+		return n, n
+	}
+	n := Procs(cfg.Agent.CPUs, os.Getenv("GOMAXPROCS") != "", defaultProcs)
+	return n, runtime.GOMAXPROCS(n)
+}
