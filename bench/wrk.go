@@ -335,15 +335,28 @@ Go execution trace at -c1) on the 2-core machine above:
   The -c1 trace now shows no channel wait on the request path: a request
   waits only for the network, twice (the client's next request, the
   engine's answer).
-- What remains: the two socket writes, one to each side (about a fifth
-  of napd's CPU at -c32: a loopback write runs the receiver's TCP path),
-  the reads (about a tenth), allocation and garbage collection (about a
-  fifth; the gateway adds about 45 allocations per request, counted by
-  TestProxyAllocs),
-  and the Go runtime's scheduling on a virtual machine whose idle vCPUs
-  are slow to wake. nginx runs the same proxy in one event loop per
-  worker, in C, with none of these.
-
+- napd runs its Go code on half the CPUs it may use (agent.cpus,
+  docs/config.md): one on this 2-CPU machine. With two, the scheduler's
+  second thread spun for work after each request on the CPU the engine
+  or wrk wanted: napd's CPU per request at -c32 was a quarter to a third
+  higher, for no more throughput.
+- The gateway's own work per request: the body's routing fields are
+  read in place (its own JSON validator and scanner, not encoding/json),
+  the answer's usage counts likewise, metrics series are looked up once
+  per label set, and the gateway adds about 45 allocations per request
+  (counted by TestProxyAllocs).
+- What remains is mostly the kernel's: a perf profile (kernel stacks
+  included) at -c32 puts about half of napd's CPU in system calls, most
+  of it in the two socket writes, one to each side. A loopback write
+  runs the receiver's TCP path and wakes the receiver; on this virtual
+  machine waking a thread (its interrupt enable) is a call to the
+  hypervisor, about a quarter of napd's CPU by itself, and the woken
+  client often preempts napd on its CPU. At -c1 the Go runtime's
+  monitor thread (sysmon) adds a third again: while napd is never idle
+  for a millisecond it wakes every 20 µs, and it takes back the CPU of a
+  write that sleeps through two of its rounds. nginx pays the same
+  wakeups with fewer threads and, being faster, finds its peers awake
+  more often.
 `
 
 // wrkSection runs the comparison against the "proxy" model's engine:
