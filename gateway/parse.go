@@ -45,16 +45,11 @@ func parseBody(body []byte) (requestFields, error) {
 	// nil while none, and whether it was the exact spelling.
 	var seen [len(routingKeys)][]byte
 	var exact [len(routingKeys)]bool
-	for sc.next() != '}' {
-		if sc.b[sc.i] == ',' {
-			sc.i++
-			sc.next()
+	for {
+		tok, val, ok := sc.member()
+		if !ok {
+			break
 		}
-		tok := sc.value()
-		sc.next() // ':'
-		sc.i++
-		sc.next()
-		val := sc.value()
 		key := tok[1 : len(tok)-1]
 		if bytes.IndexByte(key, '\\') >= 0 {
 			key = []byte(unquote(tok))
@@ -139,6 +134,23 @@ func decodeBool(val []byte, b *bool) error {
 type scanner struct {
 	b []byte
 	i int
+}
+
+// member reads the next member of the object the scanner is in: its key
+// token (quotes included) and its value; false at the object's end.
+func (s *scanner) member() (key, val []byte, ok bool) {
+	if s.next() == '}' {
+		return nil, nil, false
+	}
+	if s.b[s.i] == ',' {
+		s.i++
+		s.next()
+	}
+	key = s.value()
+	s.next() // ':'
+	s.i++
+	s.next()
+	return key, s.value(), true
 }
 
 // next skips whitespace and returns the byte there.

@@ -258,16 +258,11 @@ func plainUsage(obj []byte) (c usageCounts, ok bool) {
 	sc := scanner{b: obj}
 	sc.next() // '{'
 	sc.i++
-	for sc.next() != '}' {
-		if sc.b[sc.i] == ',' {
-			sc.i++
-			sc.next()
+	for {
+		tok, val, more := sc.member()
+		if !more {
+			return c, true
 		}
-		tok := sc.value()
-		sc.next() // ':'
-		sc.i++
-		sc.next()
-		val := sc.value()
 		key := tok[1 : len(tok)-1]
 		var n *int64
 		var has *bool
@@ -296,7 +291,6 @@ func plainUsage(obj []byte) (c usageCounts, ok bool) {
 		}
 		*n, *has = v, true
 	}
-	return c, true
 }
 
 // Usage is the last complete usage object seen, if any.
