@@ -292,7 +292,8 @@ auto) proxies to the same engine through an upstream with keepalive 256 and
 HTTP/1.1, as a tuned nginx would. Go ReverseProxy is the stock Go proxy
 (this program with -goproxy): net/http's server, httputil.ReverseProxy and
 net/http's Transport with keep-alive, nothing else; what napd costs beyond
-it is napd's own. Proxy CPU per request: the proxy's user and
+it is napd's own. napd runs with its config's defaults, agent.cpus
+included (its Go code on half the CPUs, rounded up). Proxy CPU per request: the proxy's user and
 system time from /proc/PID/stat over the run, divided by the requests wrk
 completed (10 ms ticks: over a %s run of thousands of requests, well
 resolved). Thread switches: the voluntary and involuntary context switches
