@@ -173,7 +173,15 @@ type Tracker struct {
 	inflight map[storeKey]*live
 	models   map[string]*activity
 	store    store
+	// spare holds ended leases' records for the next Begin: a record is
+	// reachable only from live and inflight, both of which End clears, so
+	// once ended nothing refers to it.
+	spare []*live
 }
+
+// maxSpare bounds the records kept for reuse: about the requests a busy
+// host has in flight at once.
+const maxSpare = 256
 
 type live struct {
 	lease       Lease
@@ -236,7 +244,13 @@ func (t *Tracker) Begin(now time.Time, r Request) (Admission, error) {
 		}
 	}
 	t.last++
-	l := &live{lease: Lease{
+	var l *live
+	if n := len(t.spare); n > 0 {
+		l, t.spare = t.spare[n-1], t.spare[:n-1]
+	} else {
+		l = new(live)
+	}
+	*l = live{lease: Lease{
 		ID: t.last, Model: r.Model, Client: r.Client, Kind: r.Kind,
 		Streamed: r.Stream, Key: r.Key, Start: now,
 	}, fingerprint: r.Fingerprint}
@@ -279,7 +293,12 @@ func (t *Tracker) End(now time.Time, id ID, out Outcome) (e Ended, ok bool) {
 	if l.done != nil {
 		close(l.done)
 	}
-	return Ended{Lease: l.lease, Stored: stored, Idle: act.active == 0}, true
+	e = Ended{Lease: l.lease, Stored: stored, Idle: act.active == 0}
+	if len(t.spare) < maxSpare {
+		*l = live{}
+		t.spare = append(t.spare, l)
+	}
+	return e, true
 }
 
 // Evidence reports model's activity; ok is false for an unregistered model.

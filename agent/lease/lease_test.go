@@ -195,6 +195,35 @@ func TestTracker_JoinedRetry(t *testing.T) {
 	}
 }
 
+// An ended lease's record is reused by the next Begin: nothing of the old
+// lease (its joiners' channel, its key, its start) carries over.
+func TestTracker_ReusedRecordStartsClean(t *testing.T) {
+	tr, c := newTracker(t, Options{}, "m")
+	keyed := Request{Model: "m", Client: "alice", Kind: request.Chat, Key: "k1"}
+	first := begin(t, tr, c.advance(time.Second), keyed)
+	j := begin(t, tr, c.now, keyed)
+	end(t, tr, c.advance(time.Second), first.ID, Outcome{Cancelled: true})
+	if !closed(j.Wait) {
+		t.Fatal("joiner not woken by End")
+	}
+	second := begin(t, tr, c.advance(time.Second), Request{Model: "m", Client: "bob", Kind: request.Embedding, Key: "k2"})
+	j2 := begin(t, tr, c.now, Request{Model: "m", Client: "bob", Kind: request.Embedding, Key: "k2"})
+	if j2.Verdict != Joined || j2.ID != second.ID || closed(j2.Wait) {
+		t.Fatalf("join of the second lease = %+v, want joined to %d and waiting", j2, second.ID)
+	}
+	if again := begin(t, tr, c.now, keyed); again.Verdict != Started || again.ID == second.ID {
+		t.Fatalf("first key after its lease ended = %+v, want a new lease", again)
+	} else {
+		end(t, tr, c.now, again.ID, Outcome{Cancelled: true})
+	}
+	got := end(t, tr, c.advance(time.Second), second.ID, Outcome{})
+	want := Lease{ID: second.ID, Model: "m", Client: "bob", Kind: request.Embedding, Key: "k2",
+		Start: t0.Add(3 * time.Second), End: t0.Add(4 * time.Second)}
+	if got.Lease != want || !got.Idle || !closed(j2.Wait) {
+		t.Fatalf("second lease ended as %+v, want %+v, idle, its joiner woken", got, want)
+	}
+}
+
 // The primary is cancelled: joiners are woken, nothing is stored, and the
 // first joiner to ask again runs; the others join it.
 func TestTracker_JoinerRunsWhenPrimaryCancelled(t *testing.T) {

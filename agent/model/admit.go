@@ -14,18 +14,54 @@ import (
 	"github.com/napd/napd/gateway"
 )
 
-// waiter is one admitted-lease request waiting for a grant. The loop owns
-// every field but reply, which the requesting goroutine reads.
+// waiter is one request with a lease, from its admission to its end: it
+// waits for a grant, holds its slot, and is its first ticket and that
+// ticket's Done and Reroute, so that admitting a request allocates little
+// more than the waiter. The loop owns every field but those marked
+// otherwise.
 type waiter struct {
+	m         *Model
 	id        lease.ID
 	client    string // the API key's name: whose turn it is, under fair_share
 	arrived   time.Time
-	deadline  time.Time  // the request's deadline; zero = none
-	reply     chan grant // buffered 1: the loop never blocks on it
+	deadline  time.Time // the request's deadline; zero = none
 	granted   bool
 	grantedAt time.Time
 	woke      bool      // it waited for a wake
 	inst      *instance // the engine instance it was granted to
+	// reply carries the loop's answer when the request waits for it
+	// (buffered 1: the loop never blocks on it). It is made only then: an
+	// answer given while the request's own goroutine runs its arrival
+	// inline is left in answer instead (answered), which that goroutine
+	// reads once the arrival returns.
+	reply    chan grant
+	answer   grant
+	answered bool
+	// ---- the request's goroutine's ----
+	ticket gateway.Ticket // the first grant's
+	first  *instance      // the instance the first ticket reaches
+	done   atomic.Bool    // Done was called
+	// ---- set by end before the loop's part of it runs ----
+	endedAt time.Time
+	fault   gateway.Fault
+	idle    bool // its lease was the model's last
+}
+
+// tell hands w the loop's answer g.
+func (w *waiter) tell(g grant) {
+	if w.reply == nil {
+		w.answer, w.answered = g, true
+		return
+	}
+	w.reply <- g
+}
+
+// waits readies w for an answer from the loop's goroutine (under the loop's
+// lock, before the loop can answer it).
+func (w *waiter) waits() {
+	if w.reply == nil {
+		w.reply = make(chan grant, 1)
+	}
 }
 
 type grant struct {
@@ -48,9 +84,11 @@ func (m *Model) ticket(w *waiter, g grant) *gateway.Ticket {
 func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket, error) {
 	req := lease.Request{Model: m.name, Client: a.Client, Kind: a.Kind, Stream: a.Stream, Key: a.IdempotencyKey, Fingerprint: a.Fingerprint}
 	var adm lease.Admission
+	var now time.Time
 	for {
 		var err error
-		adm, err = m.d.Tracker.Begin(m.now(), req)
+		now = m.now()
+		adm, err = m.d.Tracker.Begin(now, req)
 		if err != nil {
 			return nil, err
 		}
@@ -69,26 +107,41 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 			return nil, ctx.Err()
 		}
 	}
-	w := &waiter{id: adm.ID, client: a.Client, arrived: m.now(), reply: make(chan grant, 1)}
+	w := &waiter{m: m, id: adm.ID, client: a.Client, arrived: now}
 	w.deadline, _ = ctx.Deadline()
-	if !m.inline(func() { m.arrive(w) }) {
+	if !m.inlineFor(w, arrival) {
 		m.end(w, gateway.Outcome{Cancelled: true})
 		return nil, m.removed()
 	}
-	g, err := m.await(ctx, w)
+	g, err := w.answer, w.answer.err
+	if !w.answered {
+		g, err = m.await(ctx, w)
+	}
 	if err != nil {
 		m.end(w, gateway.Outcome{Cancelled: true})
 		return nil, err
 	}
-	t := m.ticket(w, g)
-	var once atomic.Bool
-	t.Done = func(o gateway.Outcome) {
-		if once.CompareAndSwap(false, true) {
-			m.end(w, o)
-		}
-	}
+	w.first = g.inst
+	t := &w.ticket
+	*t = gateway.Ticket{Target: g.inst.target, Transport: g.inst.tr, WakeWait: g.wakeWait, ServedName: g.served,
+		Done: w.Done, Reroute: w.Reroute}
 	return t, nil
 }
+
+// Done ends w's lease, once: its first ticket's Done.
+func (w *waiter) Done(o gateway.Outcome) {
+	if w.done.CompareAndSwap(false, true) {
+		w.m.end(w, o)
+	}
+}
+
+// Reroute is its first ticket's Reroute (see reroute).
+func (w *waiter) Reroute(ctx context.Context) (*gateway.Ticket, error) {
+	return w.m.reroute(ctx, w, w.first)
+}
+
+// arrival is a request's arrival on the loop (for inlineFor).
+func arrival(w *waiter) { w.m.arrive(w) }
 
 // await waits for the loop's answer to w: a grant, or why there is none.
 func (m *Model) await(ctx context.Context, w *waiter) (grant, error) {
@@ -122,6 +175,9 @@ func (m *Model) waitingFor() string {
 // within ctx (see gateway.Ticket.Reroute). Its lease stays; the first
 // ticket's Done ends it.
 func (m *Model) reroute(ctx context.Context, w *waiter, inst *instance) (*gateway.Ticket, error) {
+	m.mu.Lock()
+	w.waits()
+	m.mu.Unlock()
 	if !m.do(func() { m.unreached(w, inst) }) {
 		return nil, m.removed()
 	}
@@ -138,31 +194,36 @@ func (m *Model) end(w *waiter, o gateway.Outcome) {
 	if o.Response != nil {
 		out.Response = &lease.Stored{Status: o.Response.Status, Header: o.Response.Header, Body: o.Response.Body}
 	}
-	now := m.now()
-	ended, _ := m.d.Tracker.End(now, w.id, out)
-	if ended.Idle && m.d.Idle != nil {
+	w.endedAt, w.fault = m.now(), o.Fault
+	ended, _ := m.d.Tracker.End(w.endedAt, w.id, out)
+	w.idle = ended.Idle
+	if w.idle && m.d.Idle != nil {
 		m.d.Idle()
 	}
-	m.inline(func() {
-		if w.granted {
-			w.granted = false
-			m.active--
-			m.requests.Add(now.Sub(w.grantedAt))
-			m.learn()
-		}
-		m.lastUsed = now
-		if o.Fault == gateway.FaultConnectTimeout && w.inst == m.eng {
-			m.probeNow() // frozen, or swamped? the health watch tells
-		}
-		// A yielding model's drain ends with its last request in flight,
-		// though the requests queued behind it still hold leases.
-		if ev := m.drainEvidence(); ended.Idle || (ev.Active == 0 && m.machine.Snapshot().Yielding) {
-			m.apply(m.machine.LastLeaseEnded(m.now(), ev), nil)
-		}
-		m.dispatch()
-		m.afterIdle()
-		m.publish()
-	})
+	m.inlineFor(w, ending)
+}
+
+// ending is the loop's part of a request's end (for inlineFor).
+func ending(w *waiter) {
+	m, now := w.m, w.endedAt
+	if w.granted {
+		w.granted = false
+		m.active--
+		m.requests.Add(now.Sub(w.grantedAt))
+		m.learn()
+	}
+	m.lastUsed = now
+	if w.fault == gateway.FaultConnectTimeout && w.inst == m.eng {
+		m.probeNow() // frozen, or swamped? the health watch tells
+	}
+	// A yielding model's drain ends with its last request in flight,
+	// though the requests queued behind it still hold leases.
+	if w.idle || (m.active == 0 && m.machine.Snapshot().Yielding) {
+		m.apply(m.machine.LastLeaseEnded(m.now(), m.drainEvidence()), nil)
+	}
+	m.dispatch()
+	m.afterIdle()
+	m.publish()
 }
 
 // keyReused refuses an Idempotency-Key used before for another request.
@@ -182,7 +243,7 @@ func storedToGateway(s *lease.Stored) *gateway.StoredResponse {
 
 func (m *Model) arrive(w *waiter) {
 	if m.retiring {
-		w.reply <- grant{err: m.removed()}
+		w.tell(grant{err: m.removed()})
 		return
 	}
 	if m.stopping { // the old engine is being stopped: wake the new one after
@@ -222,9 +283,9 @@ func (m *Model) enqueue(w *waiter, forWake bool) {
 		return
 	}
 	if len(m.queue) >= limit {
-		w.reply <- grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "queue_full",
+		w.tell(grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "queue_full",
 			Message:    fmt.Sprintf("model %s: queue full (%d waiting, %d in flight)", m.name, len(m.queue), m.active),
-			RetryAfter: m.queueRetry(forWake)}}
+			RetryAfter: m.queueRetry(forWake)}})
 		return
 	}
 	m.queue = append(m.queue, w)
@@ -253,7 +314,7 @@ func (m *Model) queueRetry(forWake bool) time.Duration {
 
 // dispatch grants queued requests while the model serves and slots are free.
 func (m *Model) dispatch() {
-	if !m.machine.Snapshot().State.Serving() {
+	if len(m.queue) == 0 || !m.machine.Snapshot().State.Serving() {
 		return
 	}
 	for len(m.queue) > 0 && m.active < m.cfg.MaxConcurrency {
@@ -296,7 +357,7 @@ func (m *Model) grant(w *waiter) {
 	if w.woke {
 		g.wakeWait = m.now().Sub(w.arrived)
 	}
-	w.reply <- g
+	w.tell(g)
 }
 
 // unreached handles w, granted to inst, whose connection was refused. An
@@ -325,7 +386,7 @@ func (m *Model) unreached(w *waiter, inst *instance) {
 	d := m.machine.Arrive(m.now()) // a wake for it, unless one runs
 	if d.Action == lifecycle.Refuse {
 		m.withdraw(w)
-		w.reply <- grant{err: refusal(d.Refusal)}
+		w.tell(grant{err: refusal(d.Refusal)})
 		m.noteState()
 		return
 	}
@@ -336,7 +397,7 @@ func (m *Model) unreached(w *waiter, inst *instance) {
 // refuseQueue refuses every queued request with err.
 func (m *Model) refuseQueue(err error) {
 	for _, q := range m.queue {
-		q.reply <- grant{err: err}
+		q.tell(grant{err: err})
 	}
 	m.queue = nil
 }

@@ -34,7 +34,7 @@ func (m *Model) apply(d lifecycle.Decision, w *waiter) {
 		m.startWake(d.Op, d.Attempt)
 	case lifecycle.Refuse:
 		if w != nil {
-			w.reply <- grant{err: refusal(d.Refusal)}
+			w.tell(grant{err: refusal(d.Refusal)})
 		}
 	case lifecycle.AdmitWaiting:
 		m.d.Metrics.Wakes.WithLabelValues(m.name, "ok").Inc()
@@ -384,7 +384,7 @@ func (m *Model) reconfigure(mc *config.Model, spec supervisor.Spec) {
 	m.machine.Reload(m.now(), PolicyOf(mc))
 	m.watch, m.watched = newWatch(mc), nil // watched afresh with the new interval
 	if specChanged {
-		m.spec = spec
+		m.spec, m.base = spec, nil
 		m.restart = true
 		m.log.Info("engine settings changed: the engine restarts once idle")
 		m.afterIdle()

@@ -76,7 +76,7 @@ func (f *fakeSupervisor) UnitName(supervisor.Spec) string { return "" }
 
 // rig is one model under test.
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	m      *Model
 	sup    *fakeSupervisor
 	clock  *fakeclock.Clock
@@ -100,13 +100,13 @@ func specFor(cfg *config.Model, port int) supervisor.Spec {
 }
 
 // newRig starts a model whose engine the supervisor finds in state found.
-func newRig(t *testing.T, found supervisor.Observed, tune func(*config.Model)) *rig {
+func newRig(t testing.TB, found supervisor.Observed, tune func(*config.Model)) *rig {
 	t.Helper()
 	return newRigWith(t, found, tune, nil)
 }
 
 // newRigWith is newRig with deps changed by with (e.g. MakeRoom).
-func newRigWith(t *testing.T, found supervisor.Observed, tune func(*config.Model), with func(*Deps)) *rig {
+func newRigWith(t testing.TB, found supervisor.Observed, tune func(*config.Model), with func(*Deps)) *rig {
 	t.Helper()
 	cfg := testConfig("m")
 	if tune != nil {
@@ -258,7 +258,7 @@ func (r *rig) admit(ctx context.Context) *admission {
 }
 
 // result waits for the admission's outcome.
-func (a *admission) result(t *testing.T) (*gateway.Ticket, error) {
+func (a *admission) result(t testing.TB) (*gateway.Ticket, error) {
 	t.Helper()
 	select {
 	case <-a.done:

@@ -108,7 +108,7 @@ type Model struct {
 	// machine gave up on may still be finishing (or cleaning up) when the
 	// next attempt starts.
 	opMu sync.Mutex
-	snap atomic.Pointer[Snapshot]
+	snap atomic.Pointer[published]
 	// mu is held by whoever runs the loop's code: the loop goroutine for
 	// what is posted to it, and a request's own goroutine for its arrival
 	// and end, so admitting a request to an awake model costs no hand-off
@@ -122,7 +122,7 @@ type Model struct {
 
 	// ---- owned by the loop (held under mu) ----
 	cfg      *config.Model
-	spec     supervisor.Spec // the configured engine: the next wake starts this one
+	spec     supervisor.Spec // the configured engine: the next wake starts this one (a change drops base)
 	eng      *instance       // the engine the last wake started (or the one found at start)
 	nextLink Link            // a reload's new link, used once the engine restarts
 	machine  *lifecycle.Machine
@@ -142,6 +142,8 @@ type Model struct {
 	sleepers []chan error       // operator sleeps waiting for their outcome
 	wakes    planner.Recent     // durations of the recent verified wakes
 	requests planner.Recent     // durations of the recent granted requests
+	typical  planner.Learned    // the typical of wakes and requests, as learn found it
+	base     *Snapshot          // the shared part of the snapshot published last
 	watch    *lifecycle.Watch   // health probes of the awake engine
 	watched  *instance          // the engine the watch is about
 	probing  bool               // a probe is in flight
@@ -265,7 +267,7 @@ func PolicyOf(c *config.Model) lifecycle.Policy {
 func (m *Model) Name() string { return m.name }
 
 // Snapshot is the model's last published state.
-func (m *Model) Snapshot() Snapshot { return *m.snap.Load() }
+func (m *Model) Snapshot() Snapshot { return m.snap.Load().snapshot() }
 
 // Run is the owner loop; it returns after Shutdown, having closed the
 // engine links.
@@ -321,18 +323,32 @@ func (m *Model) do(f func()) bool {
 // loop (the loop's own code never does). It returns false when the loop
 // has ended.
 func (m *Model) inline(f func()) bool {
+	return m.inlineFor(nil, func(*waiter) { f() })
+}
+
+// inlineFor is inline for f(w), f a plain function, so that a request's
+// arrival and end on the fast path allocate no closure. w, when not nil,
+// is readied for an answer from the loop's goroutine before the lock is
+// let go: f may have queued it, or is posted to run later.
+func (m *Model) inlineFor(w *waiter, f func(*waiter)) bool {
 	m.mu.Lock()
 	if m.ended {
 		m.mu.Unlock()
 		return false
 	}
 	if m.posted.Load() == 0 {
-		f()
+		f(w)
+		if w != nil && !w.answered {
+			w.waits()
+		}
 		m.mu.Unlock()
 		return true
 	}
+	if w != nil && !w.answered {
+		w.waits()
+	}
 	m.mu.Unlock()
-	return m.do(f)
+	return m.do(func() { f(w) })
 }
 
 // call runs f on the owner loop and waits for it.
@@ -473,31 +489,50 @@ func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.Engine
 }
 
 // learned is the typical duration of the model's recent wakes and requests.
-func (m *Model) learned() planner.Learned {
-	return planner.Learned{Wake: m.wakes.Typical(), Request: m.requests.Typical()}
-}
+func (m *Model) learned() planner.Learned { return m.typical }
 
-// learn hands the machine the loop's learned figures, for its refusals'
-// Retry-After; call it after each wake or request is measured.
+// learn works out the typical durations again and hands them to the
+// machine, for its refusals' Retry-After; call it after each wake or
+// request is measured.
 func (m *Model) learn() {
-	l := m.learned()
-	m.machine.Learn(l.Wake, l.Request)
+	m.typical = planner.Learned{Wake: m.wakes.Typical(), Request: m.requests.Typical()}
+	m.machine.Learn(m.typical.Wake, m.typical.Request)
 }
 
 // ---- publishing ----
 
+// published is a Snapshot as stored. What changes with every request is
+// its own; the rest (config, spec, lifecycle, sleep) is in base, shared by
+// the snapshots published while it stays the same. Neither is changed once
+// stored: a reader may still be copying it.
+type published struct {
+	base             *Snapshot // only Config, Spec, Lifecycle, Slept and Freed set
+	queueDepth       int
+	active           int
+	lastUsed         time.Time
+	oldest, deadline time.Time
+	learned          planner.Learned
+}
+
+func (p *published) snapshot() Snapshot {
+	s := *p.base
+	s.QueueDepth, s.Active, s.LastUsed = p.queueDepth, p.active, p.lastUsed
+	s.Oldest, s.Deadline, s.Learned = p.oldest, p.deadline, p.learned
+	return s
+}
+
 func (m *Model) publish() {
-	s := &Snapshot{
-		Config: m.cfg, Spec: m.spec, Lifecycle: m.machine.Snapshot(),
-		QueueDepth: len(m.queue), Active: m.active, LastUsed: m.lastUsed,
-		Learned: m.learned(),
-		Slept:   m.slept,
-		Freed:   m.freed,
+	lc := m.machine.Snapshot()
+	b := m.base
+	if b == nil || b.Config != m.cfg || b.Lifecycle != lc || b.Slept != m.slept || b.Freed != m.freed {
+		b = &Snapshot{Config: m.cfg, Spec: m.spec, Lifecycle: lc, Slept: m.slept, Freed: m.freed}
+		m.base = b
 	}
+	p := &published{base: b, queueDepth: len(m.queue), active: m.active, lastUsed: m.lastUsed, learned: m.learned()}
 	if len(m.queue) > 0 {
-		s.Oldest, s.Deadline = m.queue[0].arrived, m.queue[0].deadline
+		p.oldest, p.deadline = m.queue[0].arrived, m.queue[0].deadline
 	}
-	m.snap.Store(s)
+	m.snap.Store(p)
 }
 
 // noteState announces a state change (log, event, STATUS) once, and
