@@ -264,10 +264,15 @@ func TestRoom_BusyHolderYieldsAfterYieldAfter(t *testing.T) {
 	var mu sync.Mutex
 	var as []result
 	var wg sync.WaitGroup
-	for range 3 {
+	// a stays busy throughout: clients started in step end their requests
+	// in step too, and a moment with none in flight makes a an idle
+	// holder, which sleeps at once for b, not after yield_after. Started
+	// a third of a request apart, a request is always in flight.
+	for i := range 3 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			time.Sleep(time.Duration(i) * 100 * time.Millisecond)
 			for {
 				select {
 				case <-stop:
@@ -282,7 +287,7 @@ func TestRoom_BusyHolderYieldsAfterYieldAfter(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(500 * time.Millisecond) // let a's stream run
+	time.Sleep(700 * time.Millisecond) // let a's streams run
 	bSent := time.Now()
 	status, body, bDone, err := send(n, "b", false, 2, 60*time.Second)
 	close(stop)
