@@ -34,7 +34,8 @@ type response struct {
 	closeAfter bool
 	sayClose   bool  // the head's Connection is "close", not the handler's
 	err        error // the first write error: the connection is done
-	deadlines  bool  // the handler set one, on the connection
+
+	readDeadline, writeDeadline bool // the handler set one
 }
 
 var errAfterReturn = errors.New("h1: write after the handler returned")
@@ -86,7 +87,7 @@ func (w *response) interim(code int) {
 func (w *response) writer() *bufio.Writer {
 	if w.c.bw == nil {
 		w.c.bw = writers.Get().(*bufio.Writer)
-		w.c.bw.Reset(w.c.nc)
+		w.c.bw.Reset(&w.c.cw)
 	}
 	return w.c.bw
 }
@@ -335,14 +336,16 @@ func (w *response) Flush() { _ = w.FlushError() }
 
 // SetReadDeadline and SetWriteDeadline let http.ResponseController bound
 // the connection's reads (the body) and writes, for this request only.
+// The deadline is in place before the next read (write) of the
+// connection, and at once for one in progress.
 func (w *response) SetReadDeadline(t time.Time) error {
-	w.deadlines = true
-	return w.c.nc.SetReadDeadline(t)
+	w.readDeadline = true
+	return w.c.rd.to(t)
 }
 
 func (w *response) SetWriteDeadline(t time.Time) error {
-	w.deadlines = true
-	return w.c.nc.SetWriteDeadline(t)
+	w.writeDeadline = true
+	return w.c.wd.to(t)
 }
 
 // finish ends the answer after the handler returned: the head if none

@@ -247,8 +247,12 @@ type serverConn struct {
 	served   bool // a request was: the next is waited for as an idle one's
 	lastPost bool // the last request was a POST
 
-	// begun is when the running request started (unix ns; 0: none), for
-	// the sweep.
+	// rd and wd are the connection's read and write deadlines.
+	rd, wd deadline
+	cw     connWriter
+
+	// begun is when the running request started (since epoch; 0: none),
+	// for the sweep.
 	begun atomic.Int64
 
 	mu       sync.Mutex
@@ -269,6 +273,8 @@ const (
 func (s *Server) newConn(nc net.Conn) *serverConn {
 	c := &serverConn{s: s, nc: nc, raddr: nc.RemoteAddr().String(), accepted: time.Now()}
 	c.cr.c = c
+	c.cw.c = c
+	c.rd.nc, c.wd.nc, c.wd.write = nc, nc, true
 	base := s.BaseContext
 	if base == nil {
 		base = context.Background()
@@ -313,7 +319,96 @@ func (r *connReader) Read(p []byte) (int, error) {
 	if r.c.left {
 		return 0, io.EOF
 	}
+	r.c.rd.begin()
+	defer r.c.rd.end()
 	return r.c.nc.Read(p)
+}
+
+// connWriter is what the write buffer writes to: the connection, with
+// the write deadline wanted in place.
+type connWriter struct{ c *serverConn }
+
+func (w *connWriter) Write(p []byte) (int, error) {
+	w.c.wd.begin()
+	defer w.c.wd.end()
+	return w.c.nc.Write(p)
+}
+
+// deadline is one direction's deadline of a connection, put in place
+// only when the connection is read (written): a SetDeadline takes the
+// descriptor's lock and moves a runtime timer, and most deadlines a
+// request wants never bound any I/O (the head's, for a head that came
+// whole; a handler's, for a body already buffered or an answer not yet
+// flushed; the lifting of either). While the connection is read
+// (written), a new deadline is put in place at once: it bounds the
+// I/O in progress, as net.Conn's do. Either way the I/O sees the same
+// deadline it would have seen set at once.
+type deadline struct {
+	nc    net.Conn
+	write bool
+
+	mu     sync.Mutex
+	wanted time.Time
+	set    time.Time    // in place on nc
+	busy   atomic.Int32 // I/O in progress; raised under mu
+}
+
+// to wants t as the deadline (zero: none).
+func (d *deadline) to(t time.Time) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.wanted = t
+	if d.busy.Load() > 0 {
+		return d.put()
+	}
+	return nil
+}
+
+// at puts t in place at once, for I/O that does not go through begin
+// and end.
+func (d *deadline) at(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.wanted = t
+	_ = d.put()
+}
+
+// begin and end enclose I/O on nc. end takes no lock: a deadline wanted
+// as the I/O ends may then be put in place at once, as net.Conn's is.
+func (d *deadline) begin() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.busy.Add(1)
+	// An error leaves the I/O to fail on its own (a closed connection).
+	_ = d.put()
+}
+
+func (d *deadline) end() { d.busy.Add(-1) }
+
+// epoch is a reading of the monotonic clock: time.Since(epoch) reads that
+// clock alone, where time.Now also reads the wall clock (each read costs
+// about as much on a virtual machine).
+var epoch = time.Now()
+
+// monoNow is the time now, read from the monotonic clock alone: as good
+// as time.Now's for a deadline or a duration, not for a date.
+func monoNow() time.Time { return epoch.Add(time.Since(epoch)) }
+
+// put sets the wanted deadline on nc unless it is in place; d.mu is held.
+func (d *deadline) put() error {
+	if d.wanted.Equal(d.set) {
+		return nil
+	}
+	var err error
+	if d.write {
+		err = d.nc.SetWriteDeadline(d.wanted)
+	} else {
+		err = d.nc.SetReadDeadline(d.wanted)
+	}
+	if err == nil {
+		d.set = d.wanted
+	}
+	return err
 }
 
 func (c *serverConn) serve() {
@@ -355,7 +450,7 @@ func (c *serverConn) next() (*exchange, bool) {
 		wait = s.ReadHeaderTimeout
 	}
 	if wait > 0 {
-		_ = c.nc.SetReadDeadline(time.Now().Add(wait))
+		_ = c.rd.to(monoNow().Add(wait))
 	}
 	if _, err := c.br.Peek(1); err != nil {
 		c.close()
@@ -365,16 +460,13 @@ func (c *serverConn) next() (*exchange, bool) {
 		c.close() // Shutdown closed it meanwhile
 		return nil, false
 	}
-	if s.ReadHeaderTimeout > 0 {
-		_ = c.nc.SetReadDeadline(time.Now().Add(s.ReadHeaderTimeout))
-	} else if s.IdleTimeout > 0 {
-		// The idle wait's deadline does not bound the head (nor does
-		// net/http's).
-		_ = c.nc.SetReadDeadline(time.Time{})
-	}
+	bounded := false // the head's own deadline is wanted
 	if c.lastPost {
 		// Old clients end a POST's body with a CRLF it does not count;
 		// net/http skips it, as RFC 9112 allows.
+		if c.br.Buffered() < 4 {
+			c.boundHead(&bounded)
+		}
 		peek, _ := c.br.Peek(4)
 		n := 0
 		for n < len(peek) && (peek[n] == '\r' || peek[n] == '\n') {
@@ -392,6 +484,7 @@ func (c *serverConn) next() (*exchange, bool) {
 		if c.br.Buffered() == bufSize || bareLF(buf) {
 			return nil, true // too large, or lines net/http reads and this server does not
 		}
+		c.boundHead(&bounded)
 		if _, err := c.br.Peek(c.br.Buffered() + 1); err != nil {
 			if c.br.Buffered() > 0 && !isTimeout(err) {
 				return nil, true // let net/http answer what it makes of it
@@ -400,13 +493,30 @@ func (c *serverConn) next() (*exchange, bool) {
 			return nil, false
 		}
 	}
-	_ = c.nc.SetReadDeadline(time.Time{})
+	_ = c.rd.to(time.Time{})
 	ex, ok := c.parse(head)
 	if !ok {
 		return nil, true
 	}
 	_, _ = c.br.Discard(len(head))
 	return ex, true
+}
+
+// boundHead wants the head's own deadline once, before the head is read
+// further than the bytes its first read brought (a head that came whole
+// needs none): ReadHeaderTimeout from then, or none with only an
+// IdleTimeout, whose deadline does not bound the head (nor does
+// net/http's).
+func (c *serverConn) boundHead(bounded *bool) {
+	if *bounded {
+		return
+	}
+	*bounded = true
+	if t := c.s.ReadHeaderTimeout; t > 0 {
+		_ = c.rd.to(monoNow().Add(t))
+	} else {
+		_ = c.rd.to(time.Time{})
+	}
 }
 
 // validHost: a Host net/http serves (httpguts.ValidHostHeader), not
@@ -599,7 +709,9 @@ func requestURL(u *url.URL, target string) bool {
 // handOff gives the connection, with what was read of it, to Fallback.
 func (c *serverConn) handOff() {
 	c.forget()
-	_ = c.nc.SetReadDeadline(time.Time{})
+	// Fallback sets the deadlines it wants on the connection itself.
+	c.rd.at(time.Time{})
+	c.wd.at(time.Time{})
 	buffered, _ := c.br.Peek(c.br.Buffered())
 	hc := &handedConn{Conn: c.nc, r: io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), &c.cr)}
 	if c.s.Fallback == nil || !c.s.fallback.give(hc) {
@@ -649,7 +761,7 @@ func (c *serverConn) serveOne(ex *exchange) (keep, unread bool) {
 	c.mu.Lock()
 	c.cancel = ex.cancel
 	c.mu.Unlock()
-	c.begun.Store(time.Now().UnixNano())
+	c.begun.Store(int64(time.Since(epoch)))
 	s.active.Add(1)
 	s.started.Add(1)
 	if !s.sweeping.Load() && s.sweeping.CompareAndSwap(false, true) {
@@ -670,11 +782,13 @@ func (c *serverConn) serveOne(ex *exchange) (keep, unread bool) {
 		return false, false
 	}
 	w.finish()
-	if w.deadlines {
-		// They end with the request, as net/http's do: the next one
-		// would fail at them.
-		_ = c.nc.SetReadDeadline(time.Time{})
-		_ = c.nc.SetWriteDeadline(time.Time{})
+	// A handler's deadlines end with the request, as net/http's do: the
+	// next one would fail at them.
+	if w.readDeadline {
+		_ = c.rd.to(time.Time{})
+	}
+	if w.writeDeadline {
+		_ = c.wd.to(time.Time{})
 	}
 	if body != nil && !body.end(!w.closeAfter) {
 		w.closeAfter, unread = true, true
@@ -710,7 +824,7 @@ func (s *Server) sweep() {
 	defer tick.Stop()
 	quiet, seen := 0, s.started.Load()
 	for range tick.C {
-		now := time.Now().UnixNano()
+		now := int64(time.Since(epoch))
 		s.mu.Lock()
 		for c := range s.conns {
 			if b := c.begun.Load(); b != 0 && now-b >= int64(watchAfter) {
@@ -772,7 +886,9 @@ func (c *serverConn) bodyRead() {
 // cancels the request.
 func (c *serverConn) backgroundRead(cancel context.CancelFunc, done chan struct{}) {
 	defer close(done)
+	c.rd.begin()
 	n, err := c.nc.Read(c.cr.one[:])
+	c.rd.end()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -799,9 +915,9 @@ func (c *serverConn) endWatch() {
 	if !running {
 		return
 	}
-	_ = c.nc.SetReadDeadline(stopped)
+	_ = c.rd.to(stopped)
 	<-done
-	_ = c.nc.SetReadDeadline(time.Time{})
+	_ = c.rd.to(time.Time{})
 	c.mu.Lock()
 	c.aborting = false
 	c.mu.Unlock()
@@ -820,7 +936,7 @@ const (
 // for a while (net/http waits 500 ms the same way).
 func (c *serverConn) linger() {
 	_ = closeWrite(c.nc)
-	_ = c.nc.SetReadDeadline(time.Now().Add(lingerFor))
+	c.rd.at(time.Now().Add(lingerFor))
 	_, _ = io.CopyN(io.Discard, c.nc, lingerMost)
 }
 
@@ -886,8 +1002,8 @@ func (b *reqBody) end(discard bool) bool {
 	if !discard || b.err != nil || b.left > maxDiscard {
 		return false
 	}
-	_ = b.c.nc.SetReadDeadline(time.Now().Add(time.Second))
-	defer func() { _ = b.c.nc.SetReadDeadline(time.Time{}) }()
+	_ = b.c.rd.to(time.Now().Add(time.Second))
+	defer func() { _ = b.c.rd.to(time.Time{}) }()
 	n, err := b.c.br.Discard(int(b.left))
 	b.left -= int64(n)
 	return err == nil

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/textproto"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -687,6 +688,16 @@ func TestServerTimeouts(t *testing.T) {
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n")
 		c.closedByServer()
 	})
+	t.Run("head after an idle wait", func(t *testing.T) {
+		// The head's first bytes end the idle wait; the rest must come
+		// within the ReadHeaderTimeout.
+		ts := startServer(t, h, func(s *Server) { s.ReadHeaderTimeout, s.IdleTimeout = 20*time.Millisecond, time.Hour })
+		c := dialServer(t, ts.addr)
+		c.send(get("/"))
+		c.answer("GET")
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n")
+		c.closedByServer()
+	})
 }
 
 // With an IdleTimeout and no ReadHeaderTimeout, a head that began within
@@ -702,6 +713,63 @@ func TestServerIdleTimeoutEndsWithFirstByte(t *testing.T) {
 	c.send("TP/1.1\r\nHost: x\r\n\r\n")
 	if _, body := c.answer("GET"); body != "ok" {
 		t.Fatalf("%q", body)
+	}
+}
+
+// Nor, once the head came whole, does it bound the body: the handler
+// reads it however long it takes.
+func TestServerIdleTimeoutSparesBody(t *testing.T) {
+	const idle = 50 * time.Millisecond
+	started := make(chan struct{})
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		b, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %v", b, err)
+	}, func(s *Server) { s.IdleTimeout = idle })
+	c := dialServer(t, ts.addr)
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+	<-started
+	time.Sleep(3 * idle) // past the idle wait's deadline
+	c.send("cd")
+	if _, body := c.answer("POST"); body != "abcd <nil>" {
+		t.Fatalf("%q", body)
+	}
+}
+
+// A deadline a handler sets bounds the body's reads, also one already
+// waiting, and the answer's writes.
+func TestServerHandlerDeadlines(t *testing.T) {
+	errs := make(chan error, 2)
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		read := make(chan error, 1)
+		reading := make(chan struct{})
+		go func() {
+			close(reading)
+			_, err := io.ReadAll(r.Body)
+			read <- err
+		}()
+		<-reading
+		// Most likely waiting for the body's rest by then; the deadline
+		// ends the read either way.
+		time.Sleep(10 * time.Millisecond)
+		_ = rc.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		errs <- <-read
+		_ = rc.SetWriteDeadline(time.Unix(1, 0))
+		_, _ = w.Write(make([]byte, 1<<20))
+		errs <- rc.Flush()
+	})
+	c := dialServer(t, ts.addr)
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+	for _, what := range []string{"read", "write"} {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("%s: %v, want the deadline's error", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: still waiting", what)
+		}
 	}
 }
 
