@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/napd/napd/internal/h1"
 )
@@ -39,12 +40,14 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 		}
 	}()
 	gw := New(Options{MaxBody: 64 << 20, Logger: slog.New(slog.DiscardHandler)}, models)
-	// Served as the agent serves it: napd's own HTTP/1.1 server.
+	// Served as the agent serves it: napd's own HTTP/1.1 server, with its
+	// timeouts (their deadlines are part of each request's cost).
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	front := &h1.Server{Handler: gw.Handler(), Fallback: &http.Server{Handler: gw.Handler()}}
+	front := &h1.Server{Handler: gw.Handler(), Fallback: &http.Server{Handler: gw.Handler()},
+		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 75 * time.Second}
 	go func() { _ = front.Serve(l) }()
 	b.Cleanup(func() { _ = front.Close() })
 	return eng.URL, "http://" + l.Addr().String()

@@ -319,8 +319,11 @@ func (c *call) openBody(ctx context.Context, r *http.Request) (*bodyReader, bool
 		src = http.MaxBytesReader(c.w.ResponseWriter, r.Body, c.g.opts.MaxBody)
 	}
 	br := &c.body
-	*br = bodyReader{src: src, rc: c.w.rc, idle: c.g.opts.BodyTimeout}
-	br.deadline, br.hasDeadline = ctx.Deadline()
+	// set is set back so that the first read sets the deadline.
+	*br = bodyReader{src: src, rc: c.w.rc, idle: c.g.opts.BodyTimeout, set: -c.g.opts.BodyTimeout}
+	if d, ok := ctx.Deadline(); ok {
+		br.deadline = d.Sub(epoch)
+	}
 	return br, true
 }
 
@@ -349,25 +352,30 @@ func (c *call) bodyFailed(err error, idle bool) bool {
 const initialBody = 64 << 10
 
 // bodyReader sets the connection's read deadline before each read: the
-// sooner of the request's deadline and idle from now.
+// sooner of the request's deadline and idle from now. As the recorder's
+// write deadline (extend), an idle bound set less than idle/extendSlack
+// ago is left in place: a read waits at least idle less that slack.
 type bodyReader struct {
-	src         io.Reader
-	rc          *http.ResponseController
-	idle        time.Duration
-	deadline    time.Time
-	hasDeadline bool
-	idleBound   bool // the last deadline set was the idle bound
+	src  io.Reader
+	rc   *http.ResponseController
+	idle time.Duration
+	// Deadlines as times since epoch (the recorder's).
+	deadline  time.Duration // the request's; 0: none
+	set       time.Duration // the deadline set
+	idleBound bool          // the deadline set is the idle bound
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
-	next := time.Now().Add(b.idle)
-	b.idleBound = !b.hasDeadline || next.Before(b.deadline)
-	if !b.idleBound {
-		next = b.deadline
+	next, idle := time.Since(epoch)+b.idle, true
+	if b.deadline > 0 && next >= b.deadline {
+		next, idle = b.deadline, false
 	}
-	// An error means no real server connection underneath; the read is
-	// then bounded by the client alone.
-	_ = b.rc.SetReadDeadline(next)
+	if idle != b.idleBound || next-b.set >= b.idle/extendSlack {
+		b.set, b.idleBound = next, idle
+		// An error means no real server connection underneath; the read
+		// is then bounded by the client alone.
+		_ = b.rc.SetReadDeadline(epoch.Add(next))
+	}
 	return b.src.Read(p)
 }
 

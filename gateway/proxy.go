@@ -640,10 +640,11 @@ func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 // idempotent requests, captures the response up to maxStored.
 type recorder struct {
 	http.ResponseWriter
-	rc      *http.ResponseController
-	timeout time.Duration
-	status  int
-	err     error
+	rc       *http.ResponseController
+	timeout  time.Duration
+	extended time.Duration // when the write deadline was last moved (since epoch)
+	status   int
+	err      error
 	// now, set for an engine's answer, stamps firstByte.
 	now       func() time.Time
 	firstByte time.Time
@@ -661,7 +662,8 @@ type recorder struct {
 }
 
 func newRecorder(w http.ResponseWriter, timeout time.Duration) *recorder {
-	r := &recorder{ResponseWriter: w, rc: http.NewResponseController(w), timeout: timeout}
+	// extended is set back so that the first extend moves the deadline.
+	r := &recorder{ResponseWriter: w, rc: http.NewResponseController(w), timeout: timeout, extended: -timeout}
 	r.extend()
 	return r
 }
@@ -670,11 +672,30 @@ func newRecorder(w http.ResponseWriter, timeout time.Duration) *recorder {
 // before each write, it bounds how long one write may block on a client
 // that stopped reading (a stream's chunks may be far apart: the bound is
 // per write, like nginx's send_timeout). It also covers what net/http
-// writes after the handler returns.
+// writes after the handler returns. A deadline moved less than
+// timeout/extendSlack ago is left: each write still gets the timeout,
+// less that slack (60 s: 59.06 s), and a request's head and small answer,
+// or a stream's close chunks, move it once instead of at each write (each
+// move takes the connection's lock and resets a runtime timer).
 func (w *recorder) extend() {
+	now := time.Since(epoch)
+	if now-w.extended < w.timeout/extendSlack {
+		return
+	}
+	w.extended = now
 	// An error means no real connection underneath (a test recorder).
-	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	_ = w.rc.SetWriteDeadline(epoch.Add(now + w.timeout))
 }
+
+// extendSlack: a write deadline is moved again once timeout/extendSlack
+// has passed.
+const extendSlack = 64
+
+// epoch is a reading of the monotonic clock: time.Since(epoch) reads that
+// clock alone, where time.Now also reads the wall clock (each read costs
+// about as much on a virtual machine). epoch.Add of it is as good a
+// deadline as time.Now().Add.
+var epoch = time.Now()
 
 // Unwrap lets http.ResponseController reach Flush and SetReadDeadline.
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
