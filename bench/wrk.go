@@ -358,6 +358,7 @@ Go execution trace at -c1) on the 2-core machine above:
   write that sleeps through two of its rounds. nginx pays the same
   wakeups with fewer threads and, being faster, finds its peers awake
   more often.
+
 `
 
 // wrkSection runs the comparison against the "proxy" model's engine:
