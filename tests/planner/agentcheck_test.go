@@ -29,8 +29,16 @@ func TestRoom_AgentCheckDrainsAWakeWaitingForRoom(t *testing.T) {
 		got <- answer{status, body, err}
 	}()
 	n.WaitLog(`msg="waiting for GPU memory" model=b`, 30*time.Second)
+	// The desk logs the wait before b's own state shows it (a moment later,
+	// on b's loop): the agent check answers from b's state.
 	for _, line := range []string{"b\n", "b awake\n"} {
-		if a := harness.AskAgent(t, agent, line); !strings.HasPrefix(a, "up drain #waiting for room, ") {
+		a := ""
+		for end := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if a = harness.AskAgent(t, agent, line); strings.HasPrefix(a, "up drain #waiting for room, ") || time.Now().After(end) {
+				break
+			}
+		}
+		if !strings.HasPrefix(a, "up drain #waiting for room, ") {
 			t.Errorf("agent answer to %q while b waits for room: %q, want up drain", line, a)
 		}
 	}
