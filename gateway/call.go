@@ -504,16 +504,19 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 			served = c.served
 		}
 	}
-	if upgradeType(r.Header) != "" {
-		out := r.WithContext(context.WithValue(ctx, callKey{}, c))
-		out.TransferEncoding = nil
-		up.attach(out, served)
+	upgrade := upgradeType(r.Header) != ""
+	var out *http.Request
+	if upgrade {
+		out = r.WithContext(context.WithValue(ctx, callKey{}, c)) // the upgrade proxy's outbound
+	} else {
+		out = r.WithContext(c.traced(ctx))
+		c.outbound(out, r)
+	}
+	out.TransferEncoding = nil
+	up.attach(out, served)
+	if upgrade {
 		c.g.upgrades.ServeHTTP(c.w, out)
 	} else {
-		out := r.WithContext(c.traced(ctx))
-		c.outbound(out, r)
-		out.TransferEncoding = nil
-		up.attach(out, served)
 		c.send(ctx, out)
 	}
 	if c.gone {

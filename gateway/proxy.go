@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"log/slog"
 	"mime"
 	"net"
@@ -205,12 +206,8 @@ func (c *call) outbound(out, in *http.Request) {
 	// Hop-by-hop headers and those named in Connection are the client's
 	// link's alone; forwarding headers are napd's to set.
 	var named []string
-	for _, v := range in.Header["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if f = textproto.TrimString(f); f != "" {
-				named = append(named, http.CanonicalHeaderKey(f))
-			}
-		}
+	for f := range tokens(in.Header["Connection"]) {
+		named = append(named, http.CanonicalHeaderKey(f))
 	}
 	h := make(http.Header, len(in.Header)+3)
 	for k, vv := range in.Header {
@@ -253,10 +250,11 @@ var (
 // dropped reports whether the client's header k stays out of the engine's
 // request.
 func (c *call) dropped(k string) bool {
+	if slices.Contains(hopByHop, k) {
+		return true
+	}
 	switch k {
-	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-		"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-		"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+	case "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
 		return true
 	case "Cookie":
 		// Cookies of whatever else shares the host name (a web UI on
@@ -272,20 +270,16 @@ func (c *call) dropped(k string) bool {
 	return false
 }
 
-// hopByHop are the headers removed from an engine's answer, besides those
-// its Connection header names.
+// hopByHop are the headers of one link alone, dropped both ways besides
+// those the Connection header names.
 var hopByHop = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
 func removeHopByHop(h http.Header) {
-	for _, v := range h["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if f = textproto.TrimString(f); f != "" {
-				h.Del(f)
-			}
-		}
+	for f := range tokens(h["Connection"]) {
+		h.Del(f)
 	}
 	for _, k := range hopByHop {
 		delete(h, k)
@@ -295,14 +289,26 @@ func removeHopByHop(h http.Header) {
 // hasToken reports whether a comma-separated list in vv holds token, in
 // any case.
 func hasToken(vv []string, token string) bool {
-	for _, v := range vv {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(textproto.TrimString(f), token) {
-				return true
-			}
+	for f := range tokens(vv) {
+		if strings.EqualFold(f, token) {
+			return true
 		}
 	}
 	return false
+}
+
+// tokens yields the items of the comma-separated lists in vv, trimmed,
+// the empty ones left out.
+func tokens(vv []string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for _, v := range vv {
+			for f := range strings.SplitSeq(v, ",") {
+				if f = textproto.TrimString(f); f != "" && !yield(f) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // upgradeType is the protocol a request or answer switches to, or "".
