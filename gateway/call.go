@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/napd/napd/internal/mono"
+
 	"github.com/napd/napd/request"
 )
 
@@ -322,7 +324,7 @@ func (c *call) openBody(ctx context.Context, r *http.Request) (*bodyReader, bool
 	// set is set back so that the first read sets the deadline.
 	*br = bodyReader{src: src, rc: c.w.rc, idle: c.g.opts.BodyTimeout, set: -c.g.opts.BodyTimeout}
 	if d, ok := ctx.Deadline(); ok {
-		br.deadline = d.Sub(epoch)
+		br.deadline = mono.Of(d)
 	}
 	return br, true
 }
@@ -359,14 +361,14 @@ type bodyReader struct {
 	src  io.Reader
 	rc   *http.ResponseController
 	idle time.Duration
-	// Deadlines as times since epoch (the recorder's).
+	// Deadlines as readings of the monotonic clock (mono.Now).
 	deadline  time.Duration // the request's; 0: none
 	set       time.Duration // the deadline set
 	idleBound bool          // the deadline set is the idle bound
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
-	next, idle := time.Since(epoch)+b.idle, true
+	next, idle := mono.Now()+b.idle, true
 	if b.deadline > 0 && next >= b.deadline {
 		next, idle = b.deadline, false
 	}
@@ -374,7 +376,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		b.set, b.idleBound = next, idle
 		// An error means no real server connection underneath; the read
 		// is then bounded by the client alone.
-		_ = b.rc.SetReadDeadline(epoch.Add(next))
+		_ = b.rc.SetReadDeadline(mono.Time(next))
 	}
 	return b.src.Read(p)
 }

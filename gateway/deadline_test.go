@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/internal/mono"
 )
 
 // deadlineWriter records the deadlines set through http.ResponseController.
@@ -65,12 +67,12 @@ func TestBodyReaderDeadline(t *testing.T) {
 		t.Fatalf("deadlines %v, want a second one", dw.read)
 	}
 	// A request deadline sooner than idle from now is set as it is, once.
-	b.deadline = time.Since(epoch) + idle/2
+	b.deadline = mono.Now() + idle/2
 	_, _ = b.Read(one)
 	if _, err := b.Read(one); err != io.EOF {
 		t.Fatalf("%v, want EOF", err)
 	}
-	if len(dw.read) != 3 || !dw.read[2].Equal(epoch.Add(b.deadline)) || b.idleBound {
+	if len(dw.read) != 3 || !dw.read[2].Equal(mono.Time(b.deadline)) || b.idleBound {
 		t.Fatalf("deadlines %v, want the request's %v last", dw.read, b.deadline)
 	}
 }

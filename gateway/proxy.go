@@ -20,6 +20,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/napd/napd/internal/mono"
 )
 
 // maxStored bounds a response captured for idempotent replays; a larger
@@ -648,7 +650,7 @@ type recorder struct {
 	http.ResponseWriter
 	rc       *http.ResponseController
 	timeout  time.Duration
-	extended time.Duration // when the write deadline was last moved (since epoch)
+	extended time.Duration // when the write deadline was last moved (mono.Now)
 	status   int
 	err      error
 	// now, set for an engine's answer, stamps firstByte.
@@ -684,24 +686,18 @@ func newRecorder(w http.ResponseWriter, timeout time.Duration) *recorder {
 // or a stream's close chunks, move it once instead of at each write (each
 // move takes the connection's lock and resets a runtime timer).
 func (w *recorder) extend() {
-	now := time.Since(epoch)
+	now := mono.Now()
 	if now-w.extended < w.timeout/extendSlack {
 		return
 	}
 	w.extended = now
 	// An error means no real connection underneath (a test recorder).
-	_ = w.rc.SetWriteDeadline(epoch.Add(now + w.timeout))
+	_ = w.rc.SetWriteDeadline(mono.Time(now + w.timeout))
 }
 
 // extendSlack: a write deadline is moved again once timeout/extendSlack
 // has passed.
 const extendSlack = 64
-
-// epoch is a reading of the monotonic clock: time.Since(epoch) reads that
-// clock alone, where time.Now also reads the wall clock (each read costs
-// about as much on a virtual machine). epoch.Add of it is as good a
-// deadline as time.Now().Add.
-var epoch = time.Now()
 
 // Unwrap lets http.ResponseController reach Flush and SetReadDeadline.
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }

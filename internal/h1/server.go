@@ -17,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/napd/napd/internal/mono"
 )
 
 // Server serves HTTP/1.1 to clients with each request's handler run on its
@@ -251,7 +253,7 @@ type serverConn struct {
 	rd, wd deadline
 	cw     connWriter
 
-	// begun is when the running request started (since epoch; 0: none),
+	// begun is when the running request started (mono.Now; 0: none),
 	// for the sweep.
 	begun atomic.Int64
 
@@ -385,15 +387,6 @@ func (d *deadline) begin() {
 
 func (d *deadline) end() { d.busy.Add(-1) }
 
-// epoch is a reading of the monotonic clock: time.Since(epoch) reads that
-// clock alone, where time.Now also reads the wall clock (each read costs
-// about as much on a virtual machine).
-var epoch = time.Now()
-
-// monoNow is the time now, read from the monotonic clock alone: as good
-// as time.Now's for a deadline or a duration, not for a date.
-func monoNow() time.Time { return epoch.Add(time.Since(epoch)) }
-
 // put sets the wanted deadline on nc unless it is in place; d.mu is held.
 func (d *deadline) put() error {
 	if d.wanted.Equal(d.set) {
@@ -450,7 +443,7 @@ func (c *serverConn) next() (*exchange, bool) {
 		wait = s.ReadHeaderTimeout
 	}
 	if wait > 0 {
-		_ = c.rd.to(monoNow().Add(wait))
+		_ = c.rd.to(mono.Time(mono.Now() + wait))
 	}
 	if _, err := c.br.Peek(1); err != nil {
 		c.close()
@@ -513,7 +506,7 @@ func (c *serverConn) boundHead(bounded *bool) {
 	}
 	*bounded = true
 	if t := c.s.ReadHeaderTimeout; t > 0 {
-		_ = c.rd.to(monoNow().Add(t))
+		_ = c.rd.to(mono.Time(mono.Now() + t))
 	} else {
 		_ = c.rd.to(time.Time{})
 	}
@@ -761,7 +754,7 @@ func (c *serverConn) serveOne(ex *exchange) (keep, unread bool) {
 	c.mu.Lock()
 	c.cancel = ex.cancel
 	c.mu.Unlock()
-	c.begun.Store(int64(time.Since(epoch)))
+	c.begun.Store(int64(mono.Now()))
 	s.active.Add(1)
 	s.started.Add(1)
 	if !s.sweeping.Load() && s.sweeping.CompareAndSwap(false, true) {
@@ -824,7 +817,7 @@ func (s *Server) sweep() {
 	defer tick.Stop()
 	quiet, seen := 0, s.started.Load()
 	for range tick.C {
-		now := int64(time.Since(epoch))
+		now := int64(mono.Now())
 		s.mu.Lock()
 		for c := range s.conns {
 			if b := c.begun.Load(); b != 0 && now-b >= int64(watchAfter) {
