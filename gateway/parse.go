@@ -155,9 +155,7 @@ func (s *scanner) member() (key, val []byte, ok bool) {
 
 // next skips whitespace and returns the byte there.
 func (s *scanner) next() byte {
-	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
-		s.i++
-	}
+	s.i = skipSpace(s.b, s.i)
 	return s.b[s.i]
 }
 
@@ -291,6 +289,7 @@ func validJSON(b []byte) bool {
 	}
 }
 
+// skipSpace moves past JSON's whitespace from b[i].
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++
