@@ -1,21 +1,36 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/napd/napd/agent"
 )
 
-// The stock Go proxy: net/http's server, httputil.ReverseProxy and
-// net/http's Transport, nothing else. Run beside nginx and napd, it shows
-// which part of napd's cost is Go's HTTP stack and which is napd's own.
+// Two Go proxies run beside nginx and napd, to show which part of napd's
+// cost is Go's and which is napd's own:
+//
+//   - the stock Go proxy: net/http's server, httputil.ReverseProxy and
+//     net/http's Transport, nothing else;
+//   - the Go floor: the least a Go program can do to forward HTTP/1.1 on
+//     Go's netpoller: one goroutine per client connection with a
+//     keep-alive engine connection of its own, heads passed on unread,
+//     bodies by Content-Length. No routing, limits, headers or errors: not
+//     a proxy anyone should run, but what the Go runtime and the kernel
+//     cost for the same two reads and two writes per request.
 
 // runGoProxy serves the stock Go proxy on listen, to target.
 func runGoProxy(listen, target string) error {
@@ -28,7 +43,76 @@ func runGoProxy(listen, target string) error {
 	return http.ListenAndServe(listen, rp)
 }
 
-// goProxy is the stock Go proxy running as this program with -goproxy.
+// runFloor serves the Go floor on listen, to the engine at target
+// (host:port), until listening fails.
+func runFloor(listen, target string) error {
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		go floorConn(c, target)
+	}
+}
+
+// floorConn forwards c's requests one at a time to an engine connection
+// of its own until either side closes.
+func floorConn(c net.Conn, target string) {
+	defer c.Close()
+	e, err := net.Dial("tcp", target)
+	if err != nil {
+		return
+	}
+	defer e.Close()
+	cr, er := bufio.NewReader(c), bufio.NewReader(e)
+	var req, ans []byte
+	for {
+		if req, err = floorMessage(cr, req); err != nil {
+			return
+		}
+		if _, err = e.Write(req); err != nil {
+			return
+		}
+		if ans, err = floorMessage(er, ans); err != nil {
+			return
+		}
+		if _, err = c.Write(ans); err != nil {
+			return
+		}
+	}
+}
+
+// floorMessage reads one HTTP/1.1 message with a Content-Length body (or
+// none) from r into buf, head and body together.
+func floorMessage(r *bufio.Reader, buf []byte) ([]byte, error) {
+	buf = buf[:0]
+	length := 0
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			return nil, err
+		}
+		buf = append(buf, line...)
+		if len(line) <= 2 {
+			break
+		}
+		if name, value, ok := bytes.Cut(line, []byte(":")); ok && bytes.EqualFold(name, []byte("Content-Length")) {
+			if length, err = strconv.Atoi(string(bytes.TrimSpace(value))); err != nil {
+				return nil, err
+			}
+		}
+	}
+	head := len(buf)
+	buf = append(buf, make([]byte, length)...)
+	_, err := io.ReadFull(r, buf[head:])
+	return buf, err
+}
+
+// goProxy is one of the Go proxies running as this program.
 type goProxy struct {
 	addr string
 	cmd  *exec.Cmd
@@ -37,6 +121,20 @@ type goProxy struct {
 // startGoProxy runs this program as the stock Go proxy to the engine on
 // enginePort and waits until it answers.
 func startGoProxy(enginePort int) (*goProxy, error) {
+	return startProxy("-goproxy", fmt.Sprintf("http://127.0.0.1:%d", enginePort))
+}
+
+// startFloor runs this program as the Go floor to the engine on
+// enginePort, its Go code on as many CPUs as napd's default (agent.cpus)
+// runs napd's, and waits until it answers.
+func startFloor(enginePort int) (*goProxy, error) {
+	procs := agent.Procs(0, false, runtime.GOMAXPROCS(0))
+	return startProxy("-floor", fmt.Sprintf("127.0.0.1:%d", enginePort), "GOMAXPROCS="+strconv.Itoa(procs))
+}
+
+// startProxy runs this program with mode (-goproxy, -floor) to target
+// and env, and waits until it answers.
+func startProxy(mode, target string, env ...string) (*goProxy, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -46,7 +144,8 @@ func startGoProxy(enginePort int) (*goProxy, error) {
 		return nil, err
 	}
 	p := &goProxy{addr: "127.0.0.1:" + strconv.Itoa(ports[0])}
-	p.cmd = exec.Command(self, "-goproxy", p.addr, "-target", fmt.Sprintf("http://127.0.0.1:%d", enginePort))
+	p.cmd = exec.Command(self, mode, p.addr, "-target", target)
+	p.cmd.Env = append(os.Environ(), env...)
 	var log strings.Builder
 	p.cmd.Stdout, p.cmd.Stderr = &log, &log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -60,7 +159,7 @@ func startGoProxy(enginePort int) (*goProxy, error) {
 		}
 	}
 	p.stop()
-	return nil, fmt.Errorf("the Go proxy did not answer on %s: %s", p.addr, log.String())
+	return nil, fmt.Errorf("%s did not answer on %s: %s", mode, p.addr, log.String())
 }
 
 func (p *goProxy) stop() {

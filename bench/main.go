@@ -33,7 +33,8 @@ func main() {
 	var ef engineFlags
 	engine := flag.Bool("engine", false, "run as the bench engine (napd starts it)")
 	goproxy := flag.String("goproxy", "", "run as the stock Go proxy listening on this address (the bench starts it)")
-	target := flag.String("target", "", "goproxy: the engine's URL")
+	floor := flag.String("floor", "", "run as the Go floor listening on this address (the bench starts it)")
+	target := flag.String("target", "", "goproxy: the engine's URL; floor: its host:port")
 	flag.IntVar(&ef.port, "port", 0, "engine: port")
 	flag.DurationVar(&ef.startupDelay, "startup-delay", 0, "engine: time until /health turns 200")
 	flag.StringVar(&ef.readyFile, "ready-file", "", "engine: file to write the healthy moment to")
@@ -55,6 +56,10 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	if *floor != "" {
+		fmt.Fprintln(os.Stderr, runFloor(*floor, *target)) // serves until it fails
+		os.Exit(1)
 	}
 	if *engine {
 		if err := runEngine(ef); err != nil {
@@ -136,7 +141,7 @@ func run(o options) error {
 		return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
 	}
 
-	done := step("wrk: direct, nginx, napd")
+	done := step("wrk: direct, nginx, the Go proxies, napd")
 	if r.wrk, err = wrkSection(ctx, n, direct, viaNapd); err != nil {
 		return err
 	}

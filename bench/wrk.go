@@ -248,7 +248,7 @@ func (n *nginx) stop() {
 // wrkMarkdown renders the comparison.
 func (r *report) wrkMarkdown(b *strings.Builder) {
 	f := r.wrk
-	fmt.Fprintf(b, "## Proxy cost measured with wrk: direct, nginx, the stock Go proxy, napd\n\n")
+	fmt.Fprintf(b, "## Proxy cost measured with wrk: direct, nginx, the stock Go proxy, the Go floor, napd\n\n")
 	if f.skipped != "" {
 		fmt.Fprintf(b, "Not measured: %s. `scripts/bench-deps.sh` installs wrk and nginx-light.\n\n", f.skipped)
 		return
@@ -291,8 +291,13 @@ of the table below ("max_tokens":4) to the minimal engine, with 1 thread at
 auto) proxies to the same engine through an upstream with keepalive 256 and
 HTTP/1.1, as a tuned nginx would. Go ReverseProxy is the stock Go proxy
 (this program with -goproxy): net/http's server, httputil.ReverseProxy and
-net/http's Transport with keep-alive, nothing else; what napd costs beyond
-it is napd's own. napd runs with its config's defaults, agent.cpus
+net/http's Transport with keep-alive, nothing else. Go floor is the least
+a Go program can do to forward these requests (this program with -floor):
+one goroutine per client connection with an engine connection of its own,
+heads passed on unread, bodies by Content-Length, its Go code on as many
+CPUs as napd's; no routing, limits, headers or errors. It pays what the Go
+runtime and the kernel cost for the two reads and two writes napd makes
+per request too: what napd costs beyond it is napd's own work. napd runs with its config's defaults, agent.cpus
 included (its Go code on half the CPUs, rounded up). Proxy CPU per request: the proxy's user and
 system time from /proc/PID/stat over the run, divided by the requests wrk
 completed (10 ms ticks: over a %s run of thousands of requests, well
@@ -392,6 +397,14 @@ func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigure
 	gpPid := gp.cmd.Process.Pid
 	paths = append(paths, wrkPath{name: "Go ReverseProxy", url: "http://" + gp.addr + "/v1/chat/completions",
 		cpu: func() time.Duration { return treeCPU(gpPid) }, switches: func() int64 { return procSwitches(gpPid) }})
+	fl, err := startFloor(n.enginePort)
+	if err != nil {
+		return wrkFigures{}, err
+	}
+	defer fl.stop()
+	flPid := fl.cmd.Process.Pid
+	paths = append(paths, wrkPath{name: "Go floor", url: "http://" + fl.addr + "/v1/chat/completions",
+		cpu: func() time.Duration { return treeCPU(flPid) }, switches: func() int64 { return procSwitches(flPid) }})
 	napdPid := n.cmd.Process.Pid
 	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: n.cpu, switches: func() int64 { return procSwitches(napdPid) }})
 	f, err := wrkCompare(ctx, body, paths)
