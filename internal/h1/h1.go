@@ -54,6 +54,8 @@ type Transport struct {
 
 	mu       sync.Mutex
 	idle     []*conn // most recently used last
+	flight   []*conn // those of requests in flight, for the sweep
+	sweeping bool    // a sweep runs
 	fallback http.RoundTripper
 	clock    func() time.Time // nil: time.Now; tests set it
 }
@@ -76,9 +78,13 @@ type conn struct {
 	br    *bufio.Reader
 	used  time.Time // when it was put back idle
 	reuse bool      // it served a request before
-	// unblock fails the read or write a cancelled request waits in; made
-	// once, for every request's context.AfterFunc.
-	unblock func()
+	// ctx is the context of the request in flight on c, at t.flight[slot]
+	// (slot -1: none); cancelled, the sweep fails the read or write the
+	// request waits in and marks c stopped, never to be reused. Under the
+	// Transport's mu.
+	ctx     context.Context
+	slot    int
+	stopped bool
 }
 
 // maxHead bounds an answer's head, and maxInterim the interim (1xx)
@@ -221,9 +227,8 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{nc: nc, lr: &limitedConn{Conn: nc, left: -1}}
+	c := &conn{nc: nc, lr: &limitedConn{Conn: nc, left: -1}, slot: -1}
 	c.br = bufio.NewReaderSize(c.lr, 4<<10)
-	c.unblock = func() { _ = nc.SetDeadline(stopped) }
 	// Made once: SyscallConn allocates a RawConn at each call, and a
 	// closure made for each peek would be allocated too.
 	if sc, ok := nc.(syscall.Conn); ok {
@@ -258,11 +263,24 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// put keeps c for the next request, or closes it when enough are kept.
-func (t *Transport) put(c *conn) {
-	now := t.now()
-	c.used, c.reuse = now, true
+// end ends the request in flight on c. With keep, c is kept for the next
+// request, unless enough are kept or the request was cancelled (the sweep
+// may have stopped c); without, or else, it is closed.
+func (t *Transport) end(c *conn, keep bool) {
+	var now time.Time
+	if keep {
+		now = t.now()
+	}
 	t.mu.Lock()
+	// A request cancelled since the last sweep is not kept either.
+	keep = keep && !c.stopped && c.ctx.Err() == nil
+	t.unwatch(c)
+	if !keep {
+		t.mu.Unlock()
+		c.nc.Close()
+		return
+	}
+	c.used, c.reuse = now, true
 	// Those idle past the timeout go first, oldest at the bottom: get takes
 	// from the top, so under steady load the connections a burst left below
 	// would never be looked at again and would stay open for good (in
@@ -332,6 +350,74 @@ func (c *conn) peekFd(fd uintptr) bool {
 // read or write at once.
 var stopped = time.Unix(1, 0)
 
+// cancelSweep is how often the requests in flight are looked at for a
+// cancelled context.
+const cancelSweep = 10 * time.Millisecond
+
+// watch puts the request on c, with its context, among those the sweep
+// looks at; end takes it out. Registering with the context instead
+// (context.AfterFunc) cost five allocations per request.
+func (t *Transport) watch(c *conn, ctx context.Context) {
+	t.mu.Lock()
+	c.ctx, c.slot = ctx, len(t.flight)
+	t.flight = append(t.flight, c)
+	if !t.sweeping {
+		t.sweeping = true
+		go t.sweep()
+	}
+	t.mu.Unlock()
+}
+
+// unwatch takes c out of the flight; t.mu is held.
+func (t *Transport) unwatch(c *conn) {
+	if i := c.slot; i >= 0 {
+		last := len(t.flight) - 1
+		t.flight[i] = t.flight[last]
+		t.flight[i].slot = i
+		t.flight[last] = nil
+		t.flight = t.flight[:last]
+	}
+	c.ctx, c.slot = nil, -1
+}
+
+// sweep fails, every cancelSweep, the read or write each cancelled request
+// waits in: a cancelled request ends within cancelSweep, and its
+// connection is not reused. It runs while requests are in flight, and
+// stops after two rounds without any.
+func (t *Transport) sweep() {
+	tick := time.NewTicker(cancelSweep)
+	defer tick.Stop()
+	var cancelled []*conn
+	for quiet := 0; quiet < 2; {
+		<-tick.C
+		t.mu.Lock()
+		for i := 0; i < len(t.flight); {
+			c := t.flight[i]
+			if c.ctx.Err() == nil {
+				i++
+				continue
+			}
+			t.unwatch(c) // the last one takes its place at i
+			c.stopped = true
+			cancelled = append(cancelled, c)
+		}
+		if quiet++; len(t.flight) > 0 {
+			quiet = 0
+		}
+		if quiet == 2 {
+			t.sweeping = false
+		}
+		t.mu.Unlock()
+		// Out of the lock: a stopped connection is never reused, so a
+		// deadline set after its request ended touches no other request.
+		for i, c := range cancelled {
+			_ = c.nc.SetDeadline(stopped)
+			cancelled[i] = nil
+		}
+		cancelled = cancelled[:0]
+	}
+}
+
 // heads are the buffers requests' heads and small bodies are written from.
 var heads = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 
@@ -343,12 +429,8 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	// A cancelled request (client gone, deadline) unblocks whatever read
-	// or write it waits in; the connection is not reused after. A context
-	// that cannot be cancelled needs nothing.
-	stop := notCancelled
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, c.unblock)
-	}
+	// or write it waits in; the connection is not reused after.
+	t.watch(c, ctx)
 	bp := heads.Get().(*[]byte)
 	buf, err := appendHead((*bp)[:0], req)
 	if err == nil && req.ContentLength > 0 && req.ContentLength <= inline {
@@ -357,8 +439,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	if err != nil {
 		*bp = buf[:0]
 		heads.Put(bp)
-		stop()
-		t.discard(c)
+		t.end(c, false)
 		return nil, fmt.Errorf("h1: %w", err)
 	}
 	n, err := c.nc.Write(buf)
@@ -368,8 +449,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		_, err = io.CopyN(c.nc, req.Body, req.ContentLength)
 	}
 	if err != nil {
-		stop()
-		t.discard(c)
+		t.end(c, false)
 		if n == 0 {
 			return nil, fmt.Errorf("%w: %w", errNothingWritten, err)
 		}
@@ -384,8 +464,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 			err = errInterim
 		}
 		if err != nil {
-			stop()
-			t.discard(c)
+			t.end(c, false)
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF // the engine closed before answering
 			}
@@ -402,18 +481,14 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		// the engine's 101 is an error. Handed on, ReverseProxy would
 		// refuse it without closing its body, so the connection would
 		// stay open.
-		stop()
-		t.discard(c)
+		t.end(c, false)
 		return nil, errSwitched
 	}
-	a.tb = body{rc: resp.Body, t: t, c: c, stop: stop, ctx: ctx,
+	a.tb = body{rc: resp.Body, t: t, c: c, ctx: ctx,
 		keep: !resp.Close && !req.Close}
 	resp.Body = &a.tb
 	return resp, nil
 }
-
-// notCancelled is the stop of a context that cannot be cancelled.
-func notCancelled() bool { return true }
 
 func (t *Transport) discard(c *conn) { c.nc.Close() }
 
@@ -517,7 +592,6 @@ type body struct {
 	rc   io.ReadCloser
 	t    *Transport
 	c    *conn
-	stop func() bool
 	ctx  context.Context
 	keep bool // the connection may serve another request after this answer
 	done bool
@@ -564,11 +638,6 @@ func (b *body) Close() error {
 // request was not cancelled meanwhile (its deadline may be set on it).
 func (b *body) finish(complete bool) {
 	b.done = true
-	if b.stop() && complete && b.keep && b.c.br.Buffered() == 0 {
-		_ = b.rc.Close()
-		b.t.put(b.c)
-		return
-	}
-	b.t.discard(b.c)
 	_ = b.rc.Close()
+	b.t.end(b.c, complete && b.keep && b.c.br.Buffered() == 0)
 }

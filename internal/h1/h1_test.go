@@ -264,9 +264,9 @@ func TestBodyClosedEarly(t *testing.T) {
 	}
 }
 
-// A cancelled request ends at once with its context's error, whether it
-// waits for the answer's head or for the rest of its body; its connection
-// is not reused.
+// A cancelled request ends within cancelSweep with its context's error,
+// whether it waits for the answer's head or for the rest of its body; its
+// connection is not reused.
 func TestCancel(t *testing.T) {
 	release := make(chan struct{})
 	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -319,6 +319,48 @@ func TestCancel(t *testing.T) {
 	tr.mu.Unlock()
 	if idle != 0 {
 		t.Errorf("%d connections kept after cancelled requests", idle)
+	}
+}
+
+// A request cancelled after its whole answer came, before its body is
+// closed, does not leave its connection for the next request (the sweep
+// may be setting its deadline); requests done, the sweep stops.
+func TestCancelledAtTheEndNotReused(t *testing.T) {
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "okay")
+	})
+	tr := &Transport{}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if rest, err := io.ReadAll(resp.Body); string(rest) != "ay" || err != nil {
+		t.Fatalf("the rest: %q %v", rest, err)
+	}
+	resp.Body.Close()
+	if status, _ := roundTrip(t, tr, post(t, context.Background(), srv.URL, "{}")); status != http.StatusOK {
+		t.Fatalf("status %d", status)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2: the cancelled request's was reused", n)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		tr.mu.Lock()
+		sweeping, flight := tr.sweeping, len(tr.flight)
+		tr.mu.Unlock()
+		if !sweeping && flight == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sweep still runs (%d requests in flight)", flight)
+		}
 	}
 }
 
@@ -657,7 +699,7 @@ func TestUnaskedSwitchingProtocols(t *testing.T) {
 }
 
 // A request cancelled while its body is still going out (the engine does
-// not read it) or while its connection is being made ends at once with
+// not read it) or while its connection is being made ends soon with
 // its context's error, and keeps nothing open.
 func TestCancelWhileSendingOrDialing(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
