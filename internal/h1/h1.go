@@ -25,6 +25,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/napd/napd/internal/mono"
 )
 
 // Defaults for a Transport's zero fields.
@@ -57,14 +59,16 @@ type Transport struct {
 	flight   []*conn // those of requests in flight, for the sweep
 	sweeping bool    // a sweep runs
 	fallback http.RoundTripper
-	clock    func() time.Time // nil: time.Now; tests set it
+	clock    func() time.Time // nil: the monotonic clock's; tests set it
 }
 
+// now is a reading for idle times: the monotonic clock's alone (time.Now
+// reads the wall clock too).
 func (t *Transport) now() time.Time {
 	if t.clock != nil {
 		return t.clock()
 	}
-	return time.Now()
+	return mono.Time(mono.Now())
 }
 
 // conn is one keep-alive connection. Only the request holding it uses it.

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/napd/napd/internal/mono"
 )
 
 // response is the Server's http.ResponseWriter. An answer of unknown
@@ -424,21 +426,25 @@ var statusLines = func() map[int]string {
 	return m
 }()
 
-// date is the Date header's value, made once a second.
+// date is the Date header's value, made once a second. Within the second
+// it is found by a reading of the monotonic clock alone: time.Now reads
+// the wall clock too.
 func date() string {
-	now := time.Now()
-	sec := now.Unix()
-	if d := dates.Load(); d != nil && d.sec == sec {
+	if d := dates.Load(); d != nil && mono.Now() < d.until {
 		return d.s
 	}
-	d := &dated{sec: sec, s: now.UTC().Format(http.TimeFormat)}
+	now := time.Now()
+	d := &dated{
+		until: mono.Of(now) + time.Second - time.Duration(now.Nanosecond()),
+		s:     now.UTC().Format(http.TimeFormat),
+	}
 	dates.Store(d)
 	return d.s
 }
 
 type dated struct {
-	sec int64
-	s   string
+	until time.Duration // the end of its second, as a mono reading
+	s     string
 }
 
 var dates atomic.Pointer[dated]

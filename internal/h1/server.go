@@ -65,6 +65,7 @@ type Server struct {
 
 	active   atomic.Int64 // requests running
 	started  atomic.Int64 // requests begun, ever: the sweep's sign of life
+	rounds   atomic.Int64 // the sweep's, ever
 	sweeping atomic.Bool
 }
 
@@ -253,8 +254,10 @@ type serverConn struct {
 	rd, wd deadline
 	cw     connWriter
 
-	// begun is when the running request started (mono.Now; 0: none),
-	// for the sweep.
+	// begun is the sweep's round the running request started in, plus
+	// one (0: none): a request still running a round later has run
+	// watchAfter at least. The sweep counts rounds so that each request
+	// need not read the clock.
 	begun atomic.Int64
 
 	mu       sync.Mutex
@@ -754,7 +757,7 @@ func (c *serverConn) serveOne(ex *exchange) (keep, unread bool) {
 	c.mu.Lock()
 	c.cancel = ex.cancel
 	c.mu.Unlock()
-	c.begun.Store(int64(mono.Now()))
+	c.begun.Store(s.rounds.Load() + 1)
 	s.active.Add(1)
 	s.started.Add(1)
 	if !s.sweeping.Load() && s.sweeping.CompareAndSwap(false, true) {
@@ -817,10 +820,11 @@ func (s *Server) sweep() {
 	defer tick.Stop()
 	quiet, seen := 0, s.started.Load()
 	for range tick.C {
-		now := int64(mono.Now())
+		// Requests begun before the last round have run watchAfter.
+		round := s.rounds.Add(1)
 		s.mu.Lock()
 		for c := range s.conns {
-			if b := c.begun.Load(); b != 0 && now-b >= int64(watchAfter) {
+			if b := c.begun.Load(); b != 0 && b < round {
 				c.arm()
 			}
 		}

@@ -1438,3 +1438,22 @@ func TestServerRequestContext(t *testing.T) {
 		t.Fatalf("a request begun after BaseContext ended: %v", s.err)
 	}
 }
+
+// The Date header is the wall clock's second when the answer goes out,
+// also across the change of a second.
+func TestDate(t *testing.T) {
+	first := date()
+	for {
+		before := time.Now().Truncate(time.Second)
+		d := date()
+		after := time.Now()
+		got, err := http.ParseTime(d)
+		if err != nil || got.Before(before) || got.After(after) {
+			t.Fatalf("Date %q (%v) between %v and %v", d, err, before, after)
+		}
+		if d != first {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
