@@ -52,3 +52,52 @@ func BenchmarkRoundTrip(b *testing.B) {
 		}
 	}
 }
+
+// clientHead is a chat request's head as an OpenAI SDK sends it.
+const clientHead = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAccept-Encoding: gzip, deflate\r\nConnection: keep-alive\r\n" +
+	"Accept: application/json\r\nContent-Type: application/json\r\nUser-Agent: OpenAI/Python 1.54.0\r\nX-Stainless-Lang: python\r\n" +
+	"X-Stainless-Package-Version: 1.54.0\r\nAuthorization: Bearer sk-napd-0123456789abcdef\r\nContent-Length: 96\r\n\r\n"
+
+// BenchmarkServerParse: the Server's reading of a request head.
+func BenchmarkServerParse(b *testing.B) {
+	c := &serverConn{s: &Server{}, ctx: context.Background()}
+	head := []byte(clientHead)
+	b.ReportAllocs()
+	for b.Loop() {
+		ex, ok := c.parse(head)
+		if !ok {
+			b.Fatal("refused")
+		}
+		ex.cancel()
+	}
+}
+
+// discardConn takes every write.
+type discardConn struct{ net.Conn }
+
+func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkServerAnswer: the Server's head and body of a small answer of
+// unknown length, as the gateway forwards an engine's.
+func BenchmarkServerAnswer(b *testing.B) {
+	c := &serverConn{s: &Server{}, bodyDone: true}
+	c.nc = discardConn{}
+	c.cw.c = c
+	c.wd.nc, c.wd.write = c.nc, true
+	req := &http.Request{Method: http.MethodPost}
+	answer := []byte(`{"id":"cmpl-1","choices":[{"text":"hello"}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		w := &response{c: c, req: req, header: make(http.Header), cl: -1}
+		h := w.Header()
+		h["Content-Type"] = []string{"application/json"}
+		h["Server"] = []string{"uvicorn"}
+		h["X-Request-Id"] = []string{"chatcmpl-7f3a9c2e4b1d4e0f"}
+		h["X-Napd-Model"] = []string{"m1"}
+		_, _ = w.Write(answer)
+		w.finish()
+		if w.err != nil {
+			b.Fatal(w.err)
+		}
+	}
+}

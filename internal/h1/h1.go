@@ -572,13 +572,45 @@ func validName(k string) bool {
 		return false
 	}
 	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+		if !tokenChars[k[i]] {
 			return false
 		}
 	}
 	return true
 }
+
+// canonicalToken is http.CanonicalHeaderKey(k), and whether k is a token
+// (validName), in one pass over k when it is in canonical form already,
+// as most names are.
+func canonicalToken(k string) (string, bool) {
+	if k == "" {
+		return "", false
+	}
+	upper, canonical := true, true
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !tokenChars[c] {
+			return "", false
+		}
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			canonical = false
+		}
+		upper = c == '-'
+	}
+	if !canonical {
+		return http.CanonicalHeaderKey(k), true
+	}
+	return k, true
+}
+
+// tokenChars marks the bytes of a token: a table costs less than the
+// comparisons on every byte of every name.
+var tokenChars = func() (t [256]bool) {
+	for c := 0; c < 256; c++ {
+		t[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", byte(c)) >= 0
+	}
+	return t
+}()
 
 // appendBody appends the n bytes of r.
 func appendBody(b []byte, r io.Reader, n int64) ([]byte, error) {

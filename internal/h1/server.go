@@ -585,9 +585,9 @@ func (c *serverConn) parse(raw []byte) (*exchange, bool) {
 	if !requestURL(&u, target) {
 		return nil, false
 	}
-	lines := strings.Count(rest, "\r\n")
+	lines := strings.Count(rest, "\n") // one byte counts faster than two
 	ex := &exchange{url: u}
-	h := make(http.Header, lines)
+	h := make(http.Header, max(lines-1, 0)) // Host is not in it
 	values := ex.values[:0]
 	if lines > len(ex.values) {
 		values = make([]string, 0, lines)
@@ -597,20 +597,27 @@ func (c *serverConn) parse(raw []byte) (*exchange, bool) {
 	hasCL, clAt := false, 0
 	closeReq := false
 	for rest != "" {
-		var kv string
-		kv, rest, _ = strings.Cut(rest, "\r\n")
+		// Lines end in CRLF: a bare LF is refused.
+		i := strings.IndexByte(rest, '\n')
+		if i < 1 || rest[i-1] != '\r' {
+			return nil, false
+		}
+		kv := rest[:i-1]
+		rest = rest[i+1:]
 		if kv == "" {
 			continue
 		}
 		k, v, ok := strings.Cut(kv, ":")
-		if !ok || !validName(k) || kv[0] == ' ' || kv[0] == '\t' {
+		if !ok || kv[0] == ' ' || kv[0] == '\t' {
 			return nil, false
 		}
-		v = strings.Trim(v, " \t")
+		if k, ok = canonicalToken(k); !ok {
+			return nil, false
+		}
+		v = trimOWS(v)
 		if !validValue(v) {
 			return nil, false
 		}
-		k = http.CanonicalHeaderKey(k)
 		switch k {
 		case "Host":
 			host, hosts = v, hosts+1
