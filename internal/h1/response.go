@@ -187,14 +187,6 @@ func (w *response) commit(chunked bool, next []byte) {
 		delete(h, "Content-Length")
 	}
 	trailers := trailerOf(h)
-	hasTrailers := len(trailers) > 0 || hasPrefixed(h)
-	if w.noBody {
-		chunked = false
-	} else if w.cl < 0 && hasTrailers {
-		// Trailers need the chunked framing, however small the body
-		// (net/http does the same).
-		chunked = true
-	}
 	if _, ok := h["Content-Type"]; !ok && (!w.noBody || w.headAsGet()) && h.Get("Content-Encoding") == "" {
 		first := w.pending
 		if len(first) == 0 {
@@ -204,10 +196,7 @@ func (w *response) commit(chunked bool, next []byte) {
 			h.Set("Content-Type", http.DetectContentType(first[:min(len(first), 512)]))
 		}
 	}
-	w.chunked = chunked
-	if _, ok := h["Date"]; !ok {
-		h["Date"] = []string{date()}
-	}
+	_, hasDate := h["Date"]
 	c := w.c
 	saysClose := hasToken(h["Connection"], "close")
 	if w.req.Close || c.s.DisableKeepAlives || c.s.shutting.Load() || !c.bodyDone && w.req.ContentLength > maxDiscard || saysClose {
@@ -220,6 +209,18 @@ func (w *response) commit(chunked bool, next []byte) {
 	bw.WriteString("HTTP/1.1 ")
 	bw.WriteString(statusLine(w.status))
 	bw.WriteString("\r\n")
+	// The fields first: writing them tells whether any is a trailer set
+	// with http.TrailerPrefix, which the framing after them depends on.
+	prefixed := w.writeHeader(bw, trailers)
+	hasTrailers := len(trailers) > 0 || prefixed
+	if w.noBody {
+		chunked = false
+	} else if w.cl < 0 && hasTrailers {
+		// Trailers need the chunked framing, however small the body
+		// (net/http does the same).
+		chunked = true
+	}
+	w.chunked = chunked
 	extra := 0
 	if chunked {
 		extra = 1
@@ -227,7 +228,6 @@ func (w *response) commit(chunked bool, next []byte) {
 		w.cl = int64(len(w.pending))
 		extra = 2
 	}
-	w.writeHeader(bw, trailers)
 	switch {
 	case extra == 1:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -235,6 +235,13 @@ func (w *response) commit(chunked bool, next []byte) {
 		bw.WriteString("Content-Length: ")
 		var n [20]byte
 		bw.Write(strconv.AppendInt(n[:0], w.cl, 10))
+		bw.WriteString("\r\n")
+	}
+	if !hasDate {
+		// Written, not set in the header (as net/http does): no slice
+		// to allocate for it.
+		bw.WriteString("Date: ")
+		bw.WriteString(date())
 		bw.WriteString("\r\n")
 	}
 	if w.sayClose {
@@ -250,9 +257,10 @@ func (w *response) commit(chunked bool, next []byte) {
 }
 
 // writeHeader writes h's fields, but not those named in skip (trailers),
-// hop-by-hop ones napd sets itself, or names that are not tokens; a value
-// with a line break has it as a space (net/http does the same).
-func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
+// hop-by-hop ones napd sets itself, trailers set with http.TrailerPrefix
+// (it reports whether there are any), or names that are not tokens; a
+// value with a line break has it as a space (net/http does the same).
+func (w *response) writeHeader(bw *bufio.Writer, skip []string) (prefixed bool) {
 	for k, vs := range w.header {
 		switch k {
 		case "Transfer-Encoding":
@@ -276,7 +284,11 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 				continue
 			}
 		}
-		if strings.HasPrefix(k, http.TrailerPrefix) || !validName(k) || slices.Contains(skip, k) {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			prefixed = true
+			continue
+		}
+		if !validName(k) || slices.Contains(skip, k) {
 			continue
 		}
 		for _, v := range vs {
@@ -289,16 +301,7 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) {
 			bw.WriteString("\r\n")
 		}
 	}
-}
-
-// hasPrefixed reports whether h has a trailer set with http.TrailerPrefix.
-func hasPrefixed(h http.Header) bool {
-	for k := range h {
-		if strings.HasPrefix(k, http.TrailerPrefix) {
-			return true
-		}
-	}
-	return false
+	return prefixed
 }
 
 // trailerOf lists the trailer fields h declares (its Trailer header).
