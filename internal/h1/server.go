@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -326,7 +327,12 @@ func (r *connReader) Read(p []byte) (int, error) {
 	}
 	r.c.rd.begin()
 	defer r.c.rd.end()
-	return r.c.nc.Read(p)
+	for {
+		n, err := r.c.nc.Read(p)
+		if err == nil || n > 0 || !r.c.rd.retry(err) {
+			return n, err
+		}
+	}
 }
 
 // connWriter is what the write buffer writes to: the connection, with
@@ -336,7 +342,14 @@ type connWriter struct{ c *serverConn }
 func (w *connWriter) Write(p []byte) (int, error) {
 	w.c.wd.begin()
 	defer w.c.wd.end()
-	return w.c.nc.Write(p)
+	done := 0
+	for {
+		n, err := w.c.nc.Write(p[done:])
+		done += n
+		if err == nil || !w.c.wd.retry(err) {
+			return done, err
+		}
+	}
 }
 
 // deadline is one direction's deadline of a connection, put in place
@@ -346,8 +359,10 @@ func (w *connWriter) Write(p []byte) (int, error) {
 // whole; a handler's, for a body already buffered or an answer not yet
 // flushed; the lifting of either). While the connection is read
 // (written), a new deadline is put in place at once: it bounds the
-// I/O in progress, as net.Conn's do. Either way the I/O sees the same
-// deadline it would have seen set at once.
+// I/O in progress, as net.Conn's do. A later one than that in place may
+// be left for the I/O to reach the earlier one first (put, retry).
+// Either way the I/O sees the same deadline it would have seen set at
+// once.
 type deadline struct {
 	nc    net.Conn
 	write bool
@@ -357,6 +372,10 @@ type deadline struct {
 	set    time.Time    // in place on nc
 	busy   atomic.Int32 // I/O in progress; raised under mu
 }
+
+// lazySlack: a deadline wanted later than the one in place, by less than
+// this, or none wanted, leaves that one in place (see put).
+const lazySlack = time.Second
 
 // to wants t as the deadline (zero: none).
 func (d *deadline) to(t time.Time) error {
@@ -375,7 +394,7 @@ func (d *deadline) at(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.wanted = t
-	_ = d.put()
+	_ = d.place()
 }
 
 // begin and end enclose I/O on nc. end takes no lock: a deadline wanted
@@ -390,8 +409,36 @@ func (d *deadline) begin() {
 
 func (d *deadline) end() { d.busy.Add(-1) }
 
-// put sets the wanted deadline on nc unless it is in place; d.mu is held.
+// put sets the wanted deadline on nc unless it is in place, or it is
+// later than the one in place by less than lazySlack, or none: each
+// request wants later deadlines than the last (the idle wait's, a
+// handler's), and the one in place is then left until the I/O reaches
+// it, which retry then puts the wanted one in place for. d.mu is held.
 func (d *deadline) put() error {
+	if !d.set.IsZero() && (d.wanted.IsZero() || d.wanted.After(d.set) && d.wanted.Sub(d.set) < lazySlack) {
+		return nil
+	}
+	return d.place()
+}
+
+// retry reports whether I/O that failed with err reached the earlier
+// deadline put left in place, not the wanted one, which it then puts in
+// place: the I/O is to be done again.
+func (d *deadline) retry(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.wanted.Equal(d.set) || !d.wanted.IsZero() && !time.Now().Before(d.wanted) {
+		return false // the wanted one passed
+	}
+	return d.place() == nil
+}
+
+// place sets the wanted deadline on nc unless it is in place; d.mu is
+// held.
+func (d *deadline) place() error {
 	if d.wanted.Equal(d.set) {
 		return nil
 	}
@@ -892,6 +939,9 @@ func (c *serverConn) backgroundRead(cancel context.CancelFunc, done chan struct{
 	defer close(done)
 	c.rd.begin()
 	n, err := c.nc.Read(c.cr.one[:])
+	for n == 0 && err != nil && c.rd.retry(err) {
+		n, err = c.nc.Read(c.cr.one[:])
+	}
 	c.rd.end()
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -688,6 +688,23 @@ func TestServerTimeouts(t *testing.T) {
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n")
 		c.closedByServer()
 	})
+	t.Run("idle since the last request", func(t *testing.T) {
+		// The idle wait is counted from the last request, not from an
+		// earlier one whose deadline was in place (see deadline.put).
+		const idle = 200 * time.Millisecond
+		ts := startServer(t, h, func(s *Server) { s.IdleTimeout = idle })
+		c := dialServer(t, ts.addr)
+		c.send(get("/"))
+		c.answer("GET")
+		time.Sleep(idle / 2)
+		last := time.Now()
+		c.send(get("/"))
+		c.answer("GET")
+		c.closedByServer()
+		if idled := time.Since(last); idled < idle {
+			t.Fatalf("closed after %v idle, want %v", idled, idle)
+		}
+	})
 	t.Run("head after an idle wait", func(t *testing.T) {
 		// The head's first bytes end the idle wait; the rest must come
 		// within the ReadHeaderTimeout.
