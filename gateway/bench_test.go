@@ -28,6 +28,7 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 	models := newFakeModels(b, eng.URL)
 	models.transport = &h1.Transport{} // as the agent's per-engine links
 	models.done = make(chan Outcome, 1)
+	models.forget = true
 	drain := make(chan struct{})
 	b.Cleanup(func() { close(drain) })
 	go func() {

@@ -30,6 +30,8 @@ type fakeModels struct {
 	served     string // the tickets' ServedName
 	// admit, when set, replaces the default (a ticket to target).
 	admit func(ctx context.Context, a Admission) (*Ticket, error)
+	// forget keeps no admissions: a benchmark's would grow without bound.
+	forget bool
 
 	done chan Outcome
 }
@@ -67,7 +69,9 @@ func (f *fakeModels) QueueDepth(string) int {
 
 func (f *fakeModels) Admit(ctx context.Context, a Admission) (*Ticket, error) {
 	f.mu.Lock()
-	f.admissions = append(f.admissions, a)
+	if !f.forget {
+		f.admissions = append(f.admissions, a)
+	}
 	admit, wake, served := f.admit, f.wake, f.served
 	f.mu.Unlock()
 	if admit != nil {
