@@ -43,10 +43,10 @@ func (c *call) admin(r *http.Request) {
 		return
 	}
 	if r.URL.Path == "/napd" {
-		http.Redirect(c.w, r, AdminPath, http.StatusMovedPermanently)
+		http.Redirect(&c.w, r, AdminPath, http.StatusMovedPermanently)
 		return
 	}
-	c.g.opts.Admin.ServeHTTP(c.w, r)
+	c.g.opts.Admin.ServeHTTP(&c.w, r)
 }
 
 // isLoopback reports whether a request's remote address is a loopback IP.

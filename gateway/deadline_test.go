@@ -33,7 +33,8 @@ func TestRecorderWriteDeadline(t *testing.T) {
 	const timeout = time.Minute
 	dw := &deadlineWriter{ResponseRecorder: httptest.NewRecorder()}
 	before := time.Now()
-	w := newRecorder(dw, timeout)
+	w := &recorder{}
+	w.init(dw, timeout)
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write([]byte("a"))
 	if len(dw.write) != 1 || dw.write[0].Before(before.Add(timeout)) {

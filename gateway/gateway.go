@@ -180,8 +180,8 @@ func (g *Gateway) ModelHandler(model string) http.Handler {
 // serve runs one request: authentication, routing, and the single log line.
 // dedicated is the model of a dedicated socket, "" on the shared one.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string) {
-	c := &call{g: g, w: newRecorder(w, g.opts.WriteTimeout), start: g.now(), model: dedicated,
-		anthropic: isAnthropicPath(r.URL.Path)}
+	c := &call{g: g, start: g.now(), model: dedicated, anthropic: isAnthropicPath(r.URL.Path)}
+	c.w.init(w, g.opts.WriteTimeout)
 	// Deferred without recover: an http.ErrAbortHandler panic (a cut
 	// stream, a client gone) must reach net/http, and still be logged.
 	defer c.finish(r)
