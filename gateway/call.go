@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/napd/napd/internal/h1"
 	"github.com/napd/napd/internal/mono"
 
 	"github.com/napd/napd/request"
@@ -84,6 +85,7 @@ type call struct {
 	// transport's goroutine.
 	uploadErr atomic.Pointer[uploadFailure]
 	body      bodyReader // the request body, once opened (openBody)
+	whole     wholeBody  // the request body, when read whole
 	// trace hands the engine's 1xx answers on (interim) until traceDone:
 	// the transport may report one from its own goroutine.
 	trace     httptrace.ClientTrace
@@ -150,7 +152,8 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 	if key != "" {
 		whole = bytes.NewReader(body)
 	}
-	c.dispatch(ctx, r, wholeBody(body), key, whole)
+	c.whole.b = body
+	c.dispatch(ctx, r, &c.whole, key, whole)
 }
 
 // dispatch admits and proxies a request whose model, path and stream are
@@ -507,15 +510,21 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 		}
 	}
 	upgrade := upgradeType(r.Header) != ""
+	_, whole := up.(*wholeBody)
+	plain := whole && !upgrade && sentByH1(t)
 	var out *http.Request
-	if upgrade {
+	switch {
+	case upgrade:
 		out = r.WithContext(context.WithValue(ctx, callKey{}, c)) // the upgrade proxy's outbound
-	} else {
+	case plain:
+		out = r.WithContext(ctx)
+		c.outbound(out, r)
+	default:
 		out = r.WithContext(c.traced(ctx))
 		c.outbound(out, r)
 	}
 	out.TransferEncoding = nil
-	up.attach(out, served)
+	up.attach(out, served, plain)
 	if upgrade {
 		c.g.upgrades.ServeHTTP(&c.w, out)
 	} else {
@@ -530,15 +539,37 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 // upload is a request body on its way to the engine.
 type upload interface {
 	// attach makes it out's body, with its model replaced by served
-	// when served is not "".
-	attach(out *http.Request, served string)
+	// when served is not "". plain: napd's h1 sends out (sentByH1).
+	attach(out *http.Request, served string, plain bool)
 }
 
-// wholeBody is a body read whole: the JSON routes and pass-through.
-type wholeBody []byte
+// sentByH1 reports whether t's transport is napd's engine client and sends
+// a request with a body in memory (or none) itself, as it does a plain
+// HTTP one without an upgrade (h1.Transport's handles; a request proxy
+// builds has neither Upgrade nor Close). It writes such a body whatever
+// its type, and drops an engine's 1xx answers, so the request needs
+// neither the body net/http knows to be in memory nor a trace; the
+// requests it hands to net/http's Transport need both.
+func sentByH1(t *Ticket) bool {
+	_, ok := t.Transport.(*h1.Transport)
+	return ok && t.Target.Scheme == "http"
+}
 
-func (b wholeBody) attach(out *http.Request, served string) {
-	body := []byte(b)
+// wholeBody is a body read whole: the JSON routes and pass-through. It is
+// part of the call, and so is the reader the transport reads it with.
+type wholeBody struct {
+	b    []byte
+	sent memBody
+}
+
+// memBody is an in-memory request body of a type of its own: io.NopCloser
+// and bytes.NewReader would allocate twice per request.
+type memBody struct{ bytes.Reader }
+
+func (*memBody) Close() error { return nil }
+
+func (w *wholeBody) attach(out *http.Request, served string, plain bool) {
+	body := w.b
 	if served != "" {
 		body = setModel(body, served)
 	}
@@ -547,12 +578,17 @@ func (b wholeBody) attach(out *http.Request, served string) {
 		out.Body, out.GetBody = nil, nil
 		return
 	}
-	// A NopCloser'd bytes.Reader is what net/http knows to be in memory,
-	// and GetBody what napd's h1 does: either sends it with the head in
-	// one write. GetBody also lets the transport retry a request that
+	// Either transport sends the body with the head in one write: napd's
+	// h1 one with GetBody, net/http's one that is a NopCloser'd
+	// bytes.Reader. GetBody also lets the transport retry a request that
 	// never reached a stale connection, and a refused one go to the next
 	// engine instance.
-	out.Body = io.NopCloser(bytes.NewReader(body))
+	w.sent.Reset(body)
+	if plain {
+		out.Body = &w.sent
+	} else {
+		out.Body = io.NopCloser(&w.sent.Reader)
+	}
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/internal/h1"
 )
 
 // frozenListener is a port whose accept queue is full and never drained,
@@ -144,34 +146,43 @@ func TestGateway_CutAnswerIsNeitherStoredNorEndedAsComplete(t *testing.T) {
 
 // A request whose connection was refused never reached the engine: it is
 // handed back to the model and waits for the next instance instead of
-// failing with 502; the lease is still ended once.
+// failing with 502, its body sent again whole; the lease is still ended
+// once. Through net/http's transport and napd's h1.
 func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
-	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{})
+	engine := &okEngine{}
+	e := newEnv(t, engine.ServeHTTP, Options{})
 	live := e.models.target
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
 	deadURL, _ := url.Parse(dead.URL)
-	var reroutes atomic.Int32
-	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
-		t := e.models.ticket(0)
-		t.Target = deadURL
-		t.Reroute = func(ctx context.Context) (*Ticket, error) {
-			reroutes.Add(1)
-			return &Ticket{Target: live, WakeWait: 250 * time.Millisecond}, nil
+	for _, rt := range []http.RoundTripper{nil, &h1.Transport{}} {
+		e.models.transport = rt
+		var reroutes atomic.Int32
+		e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+			t := e.models.ticket(0)
+			t.Target = deadURL
+			t.Reroute = func(ctx context.Context) (*Ticket, error) {
+				reroutes.Add(1)
+				return &Ticket{Target: live, Transport: rt, WakeWait: 250 * time.Millisecond}, nil
+			}
+			return t, nil
 		}
-		return t, nil
+		resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1","n":1}`, nil)
+		if resp.StatusCode != http.StatusOK || string(b) != `{"ok":true}` {
+			t.Fatalf("rerouted request: %d %s", resp.StatusCode, b)
+		}
+		if reroutes.Load() != 1 || resp.Header.Get(HeaderWakeMs) != "250" {
+			t.Errorf("%d reroutes, %s %q", reroutes.Load(), HeaderWakeMs, resp.Header.Get(HeaderWakeMs))
+		}
+		if s := engine.seen(); string(s[len(s)-1].body) != `{"model":"m1","n":1}` {
+			t.Errorf("the engine read %q", s[len(s)-1].body)
+		}
+		if o := e.models.outcome(); o.Cancelled || o.Fault != FaultNone {
+			t.Errorf("outcome %+v", o)
+		}
+		e.models.noMoreDone()
 	}
-	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
-	if resp.StatusCode != http.StatusOK || string(b) != `{"ok":true}` {
-		t.Fatalf("rerouted request: %d %s", resp.StatusCode, b)
-	}
-	if reroutes.Load() != 1 || resp.Header.Get(HeaderWakeMs) != "250" {
-		t.Errorf("%d reroutes, %s %q", reroutes.Load(), HeaderWakeMs, resp.Header.Get(HeaderWakeMs))
-	}
-	if o := e.models.outcome(); o.Cancelled || o.Fault != FaultNone {
-		t.Errorf("outcome %+v", o)
-	}
-	e.models.noMoreDone()
+	e.models.transport = nil
 
 	// The model cannot take it back: its refusal is the answer.
 	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
@@ -182,7 +193,7 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 		}
 		return t, nil
 	}
-	resp, b = e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
+	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
 	wantError(t, resp, b, http.StatusServiceUnavailable, "model_failed")
 	if resp.Header.Get("Retry-After") != "1" {
 		t.Errorf("Retry-After %q", resp.Header.Get("Retry-After"))

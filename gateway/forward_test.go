@@ -92,39 +92,56 @@ func TestForward_Headers(t *testing.T) {
 }
 
 // An engine's 1xx answer reported by the transport (net/http's) reaches
-// the client before the final one.
+// the client before the final one: also where napd's h1 hands the request
+// to net/http's Transport (a streamed upload), while for the requests h1
+// sends itself the gateway attaches no trace (sentByH1).
 func TestForward_Interim(t *testing.T) {
-	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Link", "</style.css>; rel=preload")
-		w.WriteHeader(http.StatusEarlyHints)
-		w.Header().Del("Link")
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"ok":true}`)
-	}, Options{})
-	var hints []string
-	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
-		hints = append(hints, h.Get("Link"))
-		return nil
-	}}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
-		"POST", e.srv.URL+"/v1/completions", strings.NewReader(`{"model":"m1"}`))
-	if err != nil {
-		t.Fatal(err)
+	form, formType := formBody(t, []string{"model", "@file"}, map[string]string{"model": "m1"}, []byte("RIFF"))
+	for _, c := range []struct {
+		name, path, contentType, body string
+		h1                            bool
+	}{
+		{"net/http", "/v1/completions", "application/json", `{"model":"m1"}`, false},
+		{"h1 streamed upload", "/v1/audio/transcriptions", formType, string(form), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Link", "</style.css>; rel=preload")
+				w.WriteHeader(http.StatusEarlyHints)
+				w.Header().Del("Link")
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"ok":true}`)
+			}, Options{})
+			if c.h1 {
+				e.models.transport = &h1.Transport{}
+			}
+			var hints []string
+			trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+				hints = append(hints, h.Get("Link"))
+				return nil
+			}}
+			req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
+				"POST", e.srv.URL+c.path, strings.NewReader(c.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", c.contentType)
+			resp, err := e.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || resp.Header.Get("Link") != "" {
+				t.Errorf("status %d, Link %q", resp.StatusCode, resp.Header.Get("Link"))
+			}
+			if len(hints) != 1 || hints[0] != "</style.css>; rel=preload" {
+				t.Errorf("1xx answers %q, want one with the Link", hints)
+			}
+			e.models.outcome()
+		})
 	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Link") != "" {
-		t.Errorf("status %d, Link %q", resp.StatusCode, resp.Header.Get("Link"))
-	}
-	if len(hints) != 1 || hints[0] != "</style.css>; rel=preload" {
-		t.Errorf("1xx answers %q, want one with the Link", hints)
-	}
-	e.models.outcome()
 }
 
 // Each event of a stream reaches the client before the engine sends the

@@ -37,9 +37,11 @@ const maxStored = 1 << 20
 // write with the head.
 func (c *call) send(ctx context.Context, out *http.Request) {
 	resp, err := c.roundTrip(out)
-	c.traceMu.Lock()
-	c.traceDone = true
-	c.traceMu.Unlock()
+	if c.trace.Got1xxResponse != nil {
+		c.traceMu.Lock()
+		c.traceDone = true
+		c.traceMu.Unlock()
+	}
 	if err != nil {
 		c.failed(ctx, err)
 		return
@@ -150,8 +152,8 @@ func (c *call) copyAnswer(resp *http.Response) error {
 }
 
 // traced is ctx with c's trace, which hands a 1xx answer the transport
-// reports (net/http's; napd's h1 drops interim answers) to the client, as
-// ReverseProxy does.
+// reports (net/http's; napd's h1 drops interim answers: see sentByH1) to
+// the client, as ReverseProxy does.
 func (c *call) traced(ctx context.Context) context.Context {
 	c.trace.Got1xxResponse = c.interim
 	return httptrace.WithClientTrace(ctx, &c.trace)
