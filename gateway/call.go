@@ -77,10 +77,15 @@ type call struct {
 	// Set for the proxy: where to send the request and with what.
 	ticket        *Ticket
 	path, rawPath string
-	proxyErr      error // the engine's answer did not come, or could not be handed on
-	bodyErr       error // reading the engine's response body
-	fault         Fault // the engine's side, for the model layer and the log
-	gone          bool  // the client left before the engine answered
+	// The engine's request's URL and forwarding header values (outbound),
+	// and the answer's body (answer): in the call, not allocated apart.
+	outURL    url.URL
+	forwarded [2]string
+	watched   watchedBody
+	proxyErr  error // the engine's answer did not come, or could not be handed on
+	bodyErr   error // reading the engine's response body
+	fault     Fault // the engine's side, for the model layer and the log
+	gone      bool  // the client left before the engine answered
 	// uploadErr is why reading a streamed upload failed; set by the
 	// transport's goroutine.
 	uploadErr atomic.Pointer[uploadFailure]

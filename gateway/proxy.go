@@ -190,7 +190,8 @@ func (c *call) interim(code int, header textproto.MIMEHeader) error {
 // in one pass over in's headers, whose values are shared, not copied
 // (capped at their length, and nothing changes a value in place).
 func (c *call) outbound(out, in *http.Request) {
-	u := *in.URL
+	u := &c.outURL
+	*u = *in.URL
 	u.Scheme, u.Host = c.ticket.Target.Scheme, c.ticket.Target.Host
 	u.Path, u.RawPath = joinURLPath(c.ticket.Target, c.path, c.rawPath)
 	q := cleanQuery(in.URL.RawQuery)
@@ -205,7 +206,7 @@ func (c *call) outbound(out, in *http.Request) {
 		q = v.Encode()
 	}
 	u.RawQuery = q
-	out.URL, out.Host, out.Close = &u, "", false
+	out.URL, out.Host, out.Close = u, "", false
 
 	// Hop-by-hop headers and those named in Connection are the client's
 	// link's alone; forwarding headers are napd's to set.
@@ -224,8 +225,8 @@ func (c *call) outbound(out, in *http.Request) {
 	if hasToken(in.Header["Te"], "trailers") {
 		h["Te"] = teTrailers
 	}
-	// One allocation for both values.
-	fwd := []string{in.Host, ""}
+	fwd := &c.forwarded
+	fwd[0] = in.Host
 	h["X-Forwarded-Host"] = fwd[:1:1]
 	if ip, _, err := net.SplitHostPort(in.RemoteAddr); err == nil {
 		fwd[1] = ip
@@ -404,7 +405,8 @@ func (c *call) answer(resp *http.Response) error {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil
 	}
-	resp.Body = &watchedBody{ReadCloser: resp.Body, c: c, end: endingOf(resp)}
+	c.watched = watchedBody{ReadCloser: resp.Body, c: c, end: endingOf(resp)}
+	resp.Body = &c.watched
 	if c.served != "" {
 		return c.mapAnswer(resp)
 	}
