@@ -744,9 +744,27 @@ func (c *call) setModelHeaders(h http.Header) {
 		return
 	}
 	if h.Get(HeaderQueueDepth) == "" {
-		h.Set(HeaderQueueDepth, strconv.Itoa(c.g.models.QueueDepth(c.model)))
+		h[HeaderQueueDepth] = depthValue(c.g.models.QueueDepth(c.model))
 	}
 	if c.wake > 0 {
 		h.Set(HeaderWakeMs, strconv.FormatInt(c.wake.Milliseconds(), 10))
 	}
+}
+
+// depthValues are the X-Queue-Depth values of the usual depths, made once:
+// h.Set would allocate a slice per reply. Header values are only read, and
+// an Add to one of these (capacity 1) appends to a copy.
+var depthValues = func() [][]string {
+	v := make([][]string, 64)
+	for n := range v {
+		v[n] = []string{strconv.Itoa(n)}
+	}
+	return v
+}()
+
+func depthValue(n int) []string {
+	if n >= 0 && n < len(depthValues) {
+		return depthValues[n]
+	}
+	return []string{strconv.Itoa(n)}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -613,5 +614,13 @@ func TestGateway_HealthAndModels(t *testing.T) {
 	resp, b = e.do("GET", "/v1/models/a1", "", nil)
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `"id":"m1"`) {
 		t.Errorf("/v1/models/a1 %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestDepthValue(t *testing.T) {
+	for _, n := range []int{0, 1, 63, 64, 1000} {
+		if v := depthValue(n); len(v) != 1 || v[0] != strconv.Itoa(n) || cap(v) != 1 {
+			t.Errorf("depthValue(%d) = %q (cap %d)", n, v, cap(v))
+		}
 	}
 }
