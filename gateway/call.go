@@ -77,8 +77,10 @@ type call struct {
 	// Set for the proxy: where to send the request and with what.
 	ticket        *Ticket
 	path, rawPath string
-	// The engine's request's URL and forwarding header values (outbound),
-	// and the answer's body (answer): in the call, not allocated apart.
+	// The engine's request, its URL and forwarding header values
+	// (outbound), and the answer's body (answer): in the call, not
+	// allocated apart.
+	out       http.Request
 	outURL    url.URL
 	forwarded [2]string
 	watched   watchedBody
@@ -518,14 +520,17 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 	_, whole := up.(*wholeBody)
 	plain := whole && !upgrade && sentByH1(t)
 	var out *http.Request
-	switch {
-	case upgrade:
+	if upgrade {
 		out = r.WithContext(context.WithValue(ctx, callKey{}, c)) // the upgrade proxy's outbound
-	case plain:
-		out = r.WithContext(ctx)
-		c.outbound(out, r)
-	default:
-		out = r.WithContext(c.traced(ctx))
+	} else {
+		octx := ctx
+		if !plain {
+			octx = c.traced(ctx)
+		}
+		// The call's own: WithContext, inlined, makes its copy on the
+		// stack.
+		c.out = *r.WithContext(octx)
+		out = &c.out
 		c.outbound(out, r)
 	}
 	out.TransferEncoding = nil
