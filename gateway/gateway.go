@@ -281,6 +281,11 @@ func (c *call) finish(r *http.Request) {
 	if (status >= 400 || c.cancelled) && !c.probe {
 		level = slog.LevelInfo
 	}
+	ctx := r.Context()
+	if !c.g.log.Enabled(ctx, level) {
+		// Most requests' line is at debug: not built at all when off.
+		return
+	}
 	attrs := []slog.Attr{
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
@@ -298,5 +303,5 @@ func (c *call) finish(r *http.Request) {
 		attrs = append(attrs, slog.String("engine_fault", c.fault.String()))
 	}
 	// Never the body, the query string or a credential: path and labels only.
-	c.g.log.LogAttrs(r.Context(), level, "request", attrs...)
+	c.g.log.LogAttrs(ctx, level, "request", attrs...)
 }
