@@ -42,7 +42,40 @@ type pathRule struct {
 // pathRules decide which engine paths a client may reach: a path is refused
 // when a deny rule matches it and no allow rule does.
 type pathRules struct {
-	deny, allow []pathRule
+	deny, allow ruleSet
+}
+
+// ruleSet is a list of rules as every request matches them: the patterns
+// without wildcards, most of them, by a map lookup, the others one by one
+// (a glob per rule cost 0.3 us per request).
+type ruleSet struct {
+	exact map[string][]string // pattern -> methods ("" = any)
+	globs []pathRule
+}
+
+func (s *ruleSet) add(rule pathRule) {
+	if strings.ContainsAny(rule.pattern, "*?") {
+		s.globs = append(s.globs, rule)
+		return
+	}
+	if s.exact == nil {
+		s.exact = make(map[string][]string)
+	}
+	s.exact[rule.pattern] = append(s.exact[rule.pattern], rule.method)
+}
+
+func (s *ruleSet) match(method, p string) bool {
+	for _, m := range s.exact[p] {
+		if m == "" || m == method {
+			return true
+		}
+	}
+	for _, rule := range s.globs {
+		if (rule.method == "" || rule.method == method) && glob(rule.pattern, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // ParsePathRule checks one upstream_deny / upstream_allow entry.
@@ -72,12 +105,12 @@ func newPathRules(deny, allow []string) pathRules {
 	var r pathRules
 	for _, s := range append(append([]string(nil), DefaultUpstreamDeny...), deny...) {
 		if p, err := parsePathRule(s); err == nil {
-			r.deny = append(r.deny, p)
+			r.deny.add(p)
 		}
 	}
 	for _, s := range allow {
 		if p, err := parsePathRule(s); err == nil {
-			r.allow = append(r.allow, p)
+			r.allow.add(p)
 		}
 	}
 	return r
@@ -93,14 +126,5 @@ func (r pathRules) refused(method, p string) bool {
 	}
 	// Clean and ToLower return an already clean lower-case path as it is.
 	clean := strings.ToLower(path.Clean(p))
-	return matchAny(r.deny, method, clean) && !matchAny(r.allow, method, clean)
-}
-
-func matchAny(rules []pathRule, method, p string) bool {
-	for _, rule := range rules {
-		if (rule.method == "" || rule.method == method) && glob(rule.pattern, p) {
-			return true
-		}
-	}
-	return false
+	return r.deny.match(method, clean) && !r.allow.match(method, clean)
 }

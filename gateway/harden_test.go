@@ -81,6 +81,22 @@ func TestPathRules(t *testing.T) {
 	if r.refused("POST", "/sleep") {
 		t.Error(`upstream_allow = ["*"] still refuses /sleep`)
 	}
+	// An entry without wildcards names its method, or any; two entries of
+	// one path, each its own.
+	r = newPathRules([]string{"GET /x", "PUT /x", "/y?"}, []string{"GET /sleep"})
+	for _, c := range []struct {
+		method, path string
+		refused      bool
+	}{
+		{"GET", "/x", true}, {"PUT", "/x", true}, {"POST", "/x", false},
+		{"POST", "/props", true}, {"GET", "/props", false},
+		{"GET", "/sleep", false}, {"POST", "/sleep", true},
+		{"GET", "/yz", true}, {"GET", "/y", false},
+	} {
+		if got := r.refused(c.method, c.path); got != c.refused {
+			t.Errorf("%s %s refused: %v, want %v", c.method, c.path, got, c.refused)
+		}
+	}
 	// A long path costs linear time, never a blow-up over the stars.
 	long := "/" + strings.Repeat("weights", 20000) + "x"
 	if newPathRules(nil, nil).refused("GET", long) {
