@@ -249,14 +249,14 @@ func (k *APIKeys) Len() int { return len(k.names) }
 // (the scheme in any case, as RFC 9110 has it) or, for Anthropic-style
 // clients, `x-api-key: <key>`. ok is false when neither is present.
 func credential(h http.Header) (key string, ok bool) {
-	if a := h.Get("Authorization"); a != "" {
+	if a := headerValue(h, "Authorization"); a != "" {
 		scheme, token, found := strings.Cut(a, " ")
 		if !found || !strings.EqualFold(scheme, "Bearer") {
 			return "", false
 		}
 		return strings.TrimLeft(token, " "), true
 	}
-	if k := h.Get("X-Api-Key"); k != "" {
+	if k := headerValue(h, "X-Api-Key"); k != "" {
 		return k, true
 	}
 	return "", false

@@ -112,7 +112,7 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 			"engine control endpoint "+path+" is reserved for napd and the operator")
 		return
 	}
-	key := r.Header.Get(HeaderIdempotencyKey)
+	key := headerValue(r.Header, HeaderIdempotencyKey)
 	if len(key) > MaxIdempotencyKey {
 		c.fail(http.StatusBadRequest, "invalid_idempotency_key",
 			fmt.Sprintf("%s is longer than %d bytes", HeaderIdempotencyKey, MaxIdempotencyKey))
@@ -255,7 +255,7 @@ func (c *call) mayUse(requested, model string) bool {
 // X-Request-Timeout, which may only shorten it.
 func (c *call) deadline(r *http.Request) (context.Context, context.CancelFunc, bool) {
 	d := c.g.opts.RequestTimeout
-	if h := r.Header.Get(HeaderRequestTimeout); h != "" {
+	if h := headerValue(r.Header, HeaderRequestTimeout); h != "" {
 		hd, err := parseTimeout(h)
 		if err != nil {
 			c.fail(http.StatusBadRequest, "invalid_request_timeout", err.Error())
@@ -748,7 +748,7 @@ func (c *call) setModelHeaders(h http.Header) {
 	if c.model == "" {
 		return
 	}
-	if h.Get(HeaderQueueDepth) == "" {
+	if headerValue(h, HeaderQueueDepth) == "" {
 		h[HeaderQueueDepth] = depthValue(c.g.models.QueueDepth(c.model))
 	}
 	if c.wake > 0 {

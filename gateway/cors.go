@@ -15,13 +15,16 @@ const exposedHeaders = "X-Queue-Depth, X-Napd-Wake-Ms, X-Napd-Replayed, Retry-Af
 // preflight); another origin's preflight is refused with 403. It reports
 // whether the request was answered. Without CORSOrigins it does nothing.
 func (c *call) cors(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if len(c.g.origins) == 0 || origin == "" {
+	if len(c.g.origins) == 0 {
+		return false
+	}
+	origin := headerValue(r.Header, "Origin")
+	if origin == "" {
 		return false
 	}
 	h := c.w.Header()
 	h.Add("Vary", "Origin")
-	preflight := r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != ""
+	preflight := r.Method == http.MethodOptions && headerValue(r.Header, "Access-Control-Request-Method") != ""
 	if !c.g.origins[origin] && !c.g.origins["*"] {
 		if preflight {
 			c.fail(http.StatusForbidden, "origin_not_allowed", "origin "+origin+" is not in gateway.cors_origins")

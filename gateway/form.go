@@ -37,7 +37,7 @@ func (e errForm) Error() string { return string(e) }
 // isForm reports whether r's body is multipart/form-data and returns its
 // boundary ("" with ok when the boundary is missing or invalid).
 func isForm(r *http.Request) (boundary string, ok bool) {
-	ct := r.Header.Get("Content-Type")
+	ct := headerValue(r.Header, "Content-Type")
 	if ct == "" || notM(ct[0]) {
 		// Not multipart (most requests: application/json), without
 		// ParseMediaType's allocations.

@@ -634,3 +634,19 @@ func TestMonoNow(t *testing.T) {
 		t.Errorf("monoNow %v, not between %v and %v", m, before, after)
 	}
 }
+
+// headerValue looks keys up as they are: each one napd asks for must be
+// canonical, as the header maps' keys are.
+func TestHeaderValueKeysAreCanonical(t *testing.T) {
+	for _, k := range []string{"Authorization", "X-Api-Key", "Origin", "Access-Control-Request-Method",
+		"Content-Type", HeaderQueueDepth, HeaderIdempotencyKey, HeaderRequestTimeout} {
+		if c := http.CanonicalHeaderKey(k); c != k {
+			t.Errorf("%q is not canonical (%q)", k, c)
+		}
+	}
+	h := http.Header{}
+	h.Add("x-request-timeout", "5")
+	if v := headerValue(h, HeaderRequestTimeout); v != "5" {
+		t.Errorf("headerValue = %q, want 5", v)
+	}
+}
