@@ -40,7 +40,9 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 			}
 		}
 	}()
-	gw := New(Options{MaxBody: 64 << 20, Logger: slog.New(slog.DiscardHandler)}, models)
+	// With the agent's default request_timeout: each request's deadline
+	// is part of its cost.
+	gw := New(Options{MaxBody: 64 << 20, RequestTimeout: 10 * time.Minute, Logger: slog.New(slog.DiscardHandler)}, models)
 	// Served as the agent serves it: napd's own HTTP/1.1 server, with its
 	// timeouts (their deadlines are part of each request's cost).
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -93,6 +93,10 @@ type call struct {
 	uploadErr atomic.Pointer[uploadFailure]
 	body      bodyReader // the request body, once opened (openBody)
 	whole     wholeBody  // the request body, when read whole
+	// The request's deadline (deadline): its own context, or context's
+	// when the server's has a deadline too.
+	reqCtx         deadlineCtx
+	cancelDeadline context.CancelFunc
 	// trace hands the engine's 1xx answers on (interim) until traceDone:
 	// the transport may report one from its own goroutine.
 	trace     httptrace.ClientTrace
@@ -118,11 +122,11 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 			fmt.Sprintf("%s is longer than %d bytes", HeaderIdempotencyKey, MaxIdempotencyKey))
 		return
 	}
-	ctx, cancel, ok := c.deadline(r)
+	ctx, ok := c.deadline(r)
 	if !ok {
 		return
 	}
-	defer cancel()
+	defer c.endDeadline()
 	if boundary, ok := isForm(r); ok {
 		c.forwardForm(ctx, r, boundary, path, rawPath, key, fromBody)
 		return
@@ -252,26 +256,43 @@ func (c *call) mayUse(requested, model string) bool {
 }
 
 // deadline derives the request's single budget from request_timeout and
-// X-Request-Timeout, which may only shorten it.
-func (c *call) deadline(r *http.Request) (context.Context, context.CancelFunc, bool) {
+// X-Request-Timeout, which may only shorten it; endDeadline ends it.
+func (c *call) deadline(r *http.Request) (context.Context, bool) {
 	d := c.g.opts.RequestTimeout
 	if h := headerValue(r.Header, HeaderRequestTimeout); h != "" {
 		hd, err := parseTimeout(h)
 		if err != nil {
 			c.fail(http.StatusBadRequest, "invalid_request_timeout", err.Error())
-			return nil, nil, false
+			return nil, false
 		}
 		if d == 0 || hd < d {
 			d = hd
 		}
 	}
-	if d == 0 {
+	parent := r.Context()
+	switch _, has := parent.Deadline(); {
+	case d == 0:
 		// The server cancels the request's own context when the handler
 		// returns: a second one would only add allocations.
-		return r.Context(), func() {}, true
+		return parent, true
+	case has:
+		// The sooner of two deadlines: context's own (no server of
+		// napd's sets one).
+		ctx, cancel := context.WithTimeout(parent, d)
+		c.cancelDeadline = cancel
+		return ctx, true
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), d)
-	return ctx, cancel, true
+	c.reqCtx.init(parent, d)
+	return &c.reqCtx, true
+}
+
+func (c *call) endDeadline() {
+	switch {
+	case c.cancelDeadline != nil:
+		c.cancelDeadline()
+	case c.reqCtx.Context != nil:
+		c.reqCtx.cancel()
+	}
 }
 
 // readBody reads the whole body within max_body and the deadline: the

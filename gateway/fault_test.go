@@ -70,6 +70,42 @@ func TestGateway_ConnectTimeoutIs502(t *testing.T) {
 	}
 }
 
+// An engine that does not answer within the request's deadline: 504 at
+// the deadline, through net/http's transport and napd's h1 (which finds
+// the deadline by asking the context's Err, on a connection it reuses:
+// a dial would wait on the context's Done), and the lease ends cancelled.
+func TestGateway_EngineSilentPastTheDeadlineIs504(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Header.Get("X-Warm") != "" {
+			return
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}, Options{})
+	defer close(release)
+	e.client.Timeout = 10 * time.Second // a missed deadline fails, not hangs
+	for _, rt := range []http.RoundTripper{nil, &h1.Transport{}} {
+		e.models.transport = rt
+		if resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, map[string]string{"X-Warm": "1"}); resp.StatusCode != 200 {
+			t.Fatalf("warm-up: %d %s", resp.StatusCode, b)
+		}
+		e.models.outcome()
+		start := time.Now()
+		resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, map[string]string{HeaderRequestTimeout: "0.2"})
+		wantError(t, resp, b, http.StatusGatewayTimeout, "timeout")
+		if d := time.Since(start); d < 200*time.Millisecond || d > 5*time.Second {
+			t.Errorf("504 after %v, want at the 200 ms deadline", d)
+		}
+		if o := e.models.outcome(); !o.Cancelled {
+			t.Errorf("outcome %+v, want cancelled", o)
+		}
+	}
+}
+
 func TestGateway_RefusedConnectionIsUnreached(t *testing.T) {
 	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{})
 	e.engine.Close()
