@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,9 +17,10 @@ import (
 // only Err (napd's engine client, the gateway) or Deadline (admission).
 // Err compares the clock with the deadline; Done arms the timer and the
 // registration with the parent the first time something waits on it (a
-// queued admission, net/http's client; a context derived from it, as
-// from any context of its own type, costs context a goroutine). It is
-// part of the call.
+// queued admission, net/http's client, a request napd's engine client
+// finds still running). AfterFunc makes context.AfterFunc and contexts
+// derived from it register here, where for a context of another type the
+// context package starts a goroutine each. It is part of the call.
 type deadlineCtx struct {
 	context.Context               // the server's request context; no deadline
 	at              time.Duration // the deadline, on mono's clock
@@ -28,6 +30,13 @@ type deadlineCtx struct {
 	done  chan struct{} // made by Done; closed as err is set
 	timer *time.Timer
 	stop  func() bool // ends the registration with the parent
+	after []*afterFunc
+}
+
+// afterFunc is one AfterFunc registration: f, unless stopped first.
+type afterFunc struct {
+	f    func()
+	over bool // f started or was stopped
 }
 
 func (c *deadlineCtx) init(parent context.Context, d time.Duration) {
@@ -89,6 +98,39 @@ func (c *deadlineCtx) end(err error) {
 		close(c.done)
 		c.timer.Stop()
 		c.stop()
+	}
+	for _, a := range c.after {
+		if !a.over {
+			a.over = true
+			go a.f()
+		}
+	}
+	c.after = nil
+}
+
+// AfterFunc runs f in a goroutine of its own once the context is done, as
+// context.AfterFunc; stop ends the registration, reporting whether it
+// kept f from running.
+func (c *deadlineCtx) AfterFunc(f func()) (stop func() bool) {
+	c.Done() // arms the timer and the parent's registration
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a := &afterFunc{f: f}
+	if c.err != nil {
+		a.over = true
+		go f()
+	} else {
+		c.after = append(c.after, a)
+	}
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if a.over {
+			return false
+		}
+		a.over = true
+		c.after = slices.DeleteFunc(c.after, func(b *afterFunc) bool { return b == a })
+		return true
 	}
 }
 

@@ -90,6 +90,40 @@ func TestDeadlineCtx(t *testing.T) {
 			}
 		}
 	})
+	t.Run("AfterFunc", func(t *testing.T) {
+		p, cancel := context.WithCancel(parent)
+		c := newDeadlineCtx(p, time.Hour)
+		ran := make(chan string, 3)
+		stopped := context.AfterFunc(c, func() { ran <- "stopped" })
+		_ = context.AfterFunc(c, func() { ran <- "ran" })
+		child, stopChild := context.WithCancel(c)
+		defer stopChild()
+		c.mu.Lock()
+		registered := len(c.after)
+		c.mu.Unlock()
+		if registered != 3 {
+			// Else the context package watches c with a goroutine each.
+			t.Errorf("%d registrations with the context, want 3", registered)
+		}
+		if !stopped() {
+			t.Error("stop before the end: false")
+		}
+		cancel()
+		waitDone(t, child)
+		if got := <-ran; got != "ran" {
+			t.Errorf("%s ran", got)
+		}
+		select {
+		case got := <-ran:
+			t.Errorf("%s ran too", got)
+		case <-time.After(20 * time.Millisecond):
+		}
+		late := make(chan struct{})
+		if context.AfterFunc(c, func() { close(late) })() {
+			t.Error("stop after the end: true")
+		}
+		<-late // runs at once on an ended context
+	})
 	t.Run("concurrent", func(t *testing.T) {
 		p, cancel := context.WithCancel(parent)
 		defer cancel()

@@ -83,12 +83,16 @@ type conn struct {
 	used  time.Time // when it was put back idle
 	reuse bool      // it served a request before
 	// ctx is the context of the request in flight on c, at t.flight[slot]
-	// (slot -1: none); cancelled, the sweep fails the read or write the
-	// request waits in and marks c stopped, never to be reused. Under the
-	// Transport's mu.
+	// (slot -1: not there); cancelled, the sweep fails the read or write
+	// the request waits in and marks c stopped, never to be reused. A
+	// request the sweep finds still running is registered with its
+	// context instead (stop ends the registration) and leaves the flight.
+	// Under the Transport's mu.
 	ctx     context.Context
 	slot    int
 	stopped bool
+	stop    func() bool
+	unblock func() // fails the read or write under way; made once
 }
 
 // maxHead bounds an answer's head, and maxInterim the interim (1xx)
@@ -232,6 +236,7 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{nc: nc, lr: &limitedConn{Conn: nc, left: -1}, slot: -1}
+	c.unblock = func() { _ = nc.SetDeadline(stopped) }
 	c.br = bufio.NewReaderSize(c.lr, 4<<10)
 	// Made once: SyscallConn allocates a RawConn at each call, and a
 	// closure made for each peek would be allocated too.
@@ -276,9 +281,10 @@ func (t *Transport) end(c *conn, keep bool) {
 		now = t.now()
 	}
 	t.mu.Lock()
-	// A request cancelled since the last sweep is not kept either.
-	keep = keep && !c.stopped && c.ctx.Err() == nil
-	t.unwatch(c)
+	// A request cancelled since the last sweep is not kept either, nor
+	// one whose registration ran (its deadline may be set any moment).
+	cancelled := c.ctx.Err() != nil
+	keep = t.unwatch(c) && keep && !cancelled
 	if !keep {
 		t.mu.Unlock()
 		c.nc.Close()
@@ -359,8 +365,12 @@ var stopped = time.Unix(1, 0)
 const cancelSweep = 10 * time.Millisecond
 
 // watch puts the request on c, with its context, among those the sweep
-// looks at; end takes it out. Registering with the context instead
-// (context.AfterFunc) cost five allocations per request.
+// looks at; end takes it out. Registering every request with its context
+// (context.AfterFunc) cost five allocations per request, while nearly all
+// of them end before a sweep sees them; those the sweep finds still
+// running (streams, long answers) are registered then, and looked at no
+// more, so a sweep costs in proportion to the requests begun since the
+// last, not to those open.
 func (t *Transport) watch(c *conn, ctx context.Context) {
 	t.mu.Lock()
 	c.ctx, c.slot = ctx, len(t.flight)
@@ -372,8 +382,22 @@ func (t *Transport) watch(c *conn, ctx context.Context) {
 	t.mu.Unlock()
 }
 
-// unwatch takes c out of the flight; t.mu is held.
-func (t *Transport) unwatch(c *conn) {
+// unwatch ends the watch of c's request, and reports whether c may be
+// reused: false when the sweep stopped it or its registration ran; t.mu is
+// held.
+func (t *Transport) unwatch(c *conn) bool {
+	reuse := !c.stopped
+	t.unlist(c)
+	if c.stop != nil {
+		reuse = c.stop() && reuse
+		c.stop = nil
+	}
+	c.ctx = nil
+	return reuse
+}
+
+// unlist takes c out of the flight; t.mu is held.
+func (t *Transport) unlist(c *conn) {
 	if i := c.slot; i >= 0 {
 		last := len(t.flight) - 1
 		t.flight[i] = t.flight[last]
@@ -381,13 +405,14 @@ func (t *Transport) unwatch(c *conn) {
 		t.flight[last] = nil
 		t.flight = t.flight[:last]
 	}
-	c.ctx, c.slot = nil, -1
+	c.slot = -1
 }
 
 // sweep fails, every cancelSweep, the read or write each cancelled request
-// waits in: a cancelled request ends within cancelSweep, and its
-// connection is not reused. It runs while requests are in flight, and
-// stops after two rounds without any.
+// waits in, and registers those still running with their context (which
+// fails it as the context ends): a cancelled request ends within
+// cancelSweep, and its connection is not reused. It runs while requests
+// are in flight, and stops after two rounds without any.
 func (t *Transport) sweep() {
 	tick := time.NewTicker(cancelSweep)
 	defer tick.Stop()
@@ -397,11 +422,11 @@ func (t *Transport) sweep() {
 		t.mu.Lock()
 		for i := 0; i < len(t.flight); {
 			c := t.flight[i]
+			t.unlist(c) // the last one takes its place at i
 			if c.ctx.Err() == nil {
-				i++
+				c.stop = context.AfterFunc(c.ctx, c.unblock)
 				continue
 			}
-			t.unwatch(c) // the last one takes its place at i
 			c.stopped = true
 			cancelled = append(cancelled, c)
 		}

@@ -351,16 +351,71 @@ func TestCancelledAtTheEndNotReused(t *testing.T) {
 	if n := conns.Load(); n != 2 {
 		t.Errorf("%d connections, want 2: the cancelled request's was reused", n)
 	}
+	waitSweepStopped(t, tr)
+}
+
+// waitSweepStopped waits until tr's sweep has nothing left to look at and
+// has stopped.
+func waitSweepStopped(t *testing.T, tr *Transport) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		tr.mu.Lock()
 		sweeping, flight := tr.sweeping, len(tr.flight)
 		tr.mu.Unlock()
 		if !sweeping && flight == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the sweep still runs (%d requests in flight)", flight)
+			t.Fatalf("the sweep still runs (%d requests in its list)", flight)
 		}
+	}
+}
+
+// A request a sweep finds still running is registered with its context
+// and leaves the sweep's list, so the sweep stops while only such
+// requests are open (10,000 streams cost it nothing); cancelled, the
+// request still ends at once, and its connection is not reused.
+func TestLongRequestRegisteredWithItsContext(t *testing.T) {
+	release := make(chan struct{})
+	got := make(chan struct{}, 2)
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // so that net/http sees the client leave
+		got <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "okay")
+	})
+	t.Cleanup(func() { close(release) }) // before the server's Close
+	tr := &Transport{}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.RoundTrip(post(t, ctx, srv.URL, "{}"))
+		done <- err
+	}()
+	<-got // written, so watched
+	waitSweepStopped(t, tr)
+	select {
+	case err := <-done:
+		t.Fatalf("the request ended before it was cancelled: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("waiting for the head: %v, want context.Canceled", err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	go func() {
+		_, err := tr.RoundTrip(post(t, ctx2, srv.URL, "{}"))
+		done <- err
+	}()
+	<-got
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2: the cancelled request's was reused", n)
 	}
 }
 
