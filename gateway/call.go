@@ -589,15 +589,11 @@ func sentByH1(t *Ticket) bool {
 // wholeBody is a body read whole: the JSON routes and pass-through. It is
 // part of the call, and so is the reader the transport reads it with.
 type wholeBody struct {
-	b    []byte
-	sent memBody
+	b []byte
+	// sent is the body as sent: io.NopCloser and bytes.NewReader would
+	// allocate twice per request.
+	sent h1.MemBody
 }
-
-// memBody is an in-memory request body of a type of its own: io.NopCloser
-// and bytes.NewReader would allocate twice per request.
-type memBody struct{ bytes.Reader }
-
-func (*memBody) Close() error { return nil }
 
 func (w *wholeBody) attach(out *http.Request, served string, plain bool) {
 	body := w.b
@@ -610,16 +606,16 @@ func (w *wholeBody) attach(out *http.Request, served string, plain bool) {
 		return
 	}
 	// Either transport sends the body with the head in one write: napd's
-	// h1 one with GetBody, net/http's one that is a NopCloser'd
-	// bytes.Reader. GetBody also lets the transport retry a request that
-	// never reached a stale connection, and a refused one go to the next
-	// engine instance.
+	// h1 one a MemBody, net/http's one that is a NopCloser'd bytes.Reader
+	// with GetBody. Each retries a request that never reached a stale
+	// connection, h1's rewinding the MemBody; retarget does the same for
+	// a refused one that goes to the next engine instance.
 	w.sent.Reset(body)
 	if plain {
-		out.Body = &w.sent
-	} else {
-		out.Body = io.NopCloser(&w.sent.Reader)
+		out.Body, out.GetBody = &w.sent, nil
+		return
 	}
+	out.Body = io.NopCloser(&w.sent.Reader)
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/napd/napd/internal/h1"
 	"github.com/napd/napd/internal/mono"
 )
 
@@ -536,7 +537,10 @@ func (c *call) roundTrip(req *http.Request) (*http.Response, error) {
 func retarget(req *http.Request, target *url.URL) (*http.Request, error) {
 	out := req.Clone(req.Context())
 	out.URL.Scheme, out.URL.Host = target.Scheme, target.Host
-	if req.GetBody != nil {
+	if mb, ok := req.Body.(*h1.MemBody); ok {
+		// The refused try is over with it.
+		mb.Rewind()
+	} else if req.GetBody != nil {
 		body, err := req.GetBody()
 		if err != nil {
 			return nil, err

@@ -13,6 +13,7 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -127,14 +128,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := t.send(c, req)
 		if req.Body != nil {
 			// Sent (or failed): closed, as a RoundTripper must (a retry
-			// takes a fresh copy from GetBody).
+			// takes a fresh copy from GetBody, or rewinds a MemBody).
 			_ = req.Body.Close()
 		}
 		if err == nil {
 			return resp, nil
 		}
 		if errors.Is(err, errNothingWritten) && c.reuse && try == 0 && req.Context().Err() == nil {
-			if req.Body != nil && req.Body != http.NoBody {
+			if mb, ok := req.Body.(*MemBody); ok {
+				mb.Rewind() // the failed try is over with it
+			} else if req.Body != nil && req.Body != http.NoBody {
 				body, gerr := req.GetBody()
 				if gerr != nil {
 					return nil, gerr
@@ -153,8 +156,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // handles reports whether req goes over this transport's own connections:
-// plain HTTP, a body of known length in memory (GetBody) or none, and no
-// protocol upgrade.
+// plain HTTP, a body of known length in memory (GetBody, or a MemBody) or
+// none, and no protocol upgrade.
 func (t *Transport) handles(req *http.Request) bool {
 	if req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" || req.Close {
 		return false
@@ -162,8 +165,29 @@ func (t *Transport) handles(req *http.Request) bool {
 	if req.Body == nil || req.Body == http.NoBody {
 		return true
 	}
-	return req.GetBody != nil && req.ContentLength > 0
+	_, mem := req.Body.(*MemBody)
+	return (mem || req.GetBody != nil) && req.ContentLength > 0
 }
+
+// MemBody is a request body in memory that the Transport knows as such
+// without a GetBody (whose closure costs an allocation per request); it
+// rewinds it to retry a request. Only for requests this Transport itself
+// sends (handles): net/http's Transport retries none without GetBody.
+type MemBody struct {
+	bytes.Reader
+	b []byte
+}
+
+// Reset makes b the body, read from its start.
+func (m *MemBody) Reset(b []byte) {
+	m.b = b
+	m.Reader.Reset(b)
+}
+
+// Rewind makes the body read from its start again.
+func (m *MemBody) Rewind() { m.Reader.Reset(m.b) }
+
+func (*MemBody) Close() error { return nil }
 
 func (t *Transport) fallbackFor() http.RoundTripper {
 	if t.Fallback != nil {

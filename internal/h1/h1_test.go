@@ -854,3 +854,48 @@ func TestRequestBodyClosed(t *testing.T) {
 		t.Error("the request body was not closed")
 	}
 }
+
+// refusingWrites is a connection whose writes fail, writing nothing, once
+// its first request is written.
+type refusingWrites struct {
+	net.Conn
+	writes int
+}
+
+func (c *refusingWrites) Write(b []byte) (int, error) {
+	if c.writes++; c.writes > 1 {
+		return 0, syscall.EPIPE
+	}
+	return c.Conn.Write(b)
+}
+
+// A MemBody is carried by the Transport itself, without GetBody, and a
+// request that could not be written on a reused connection goes again on
+// a new one with its body rewound.
+func TestMemBodyRewoundForRetry(t *testing.T) {
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write(b)
+	})
+	tr := &Transport{
+		Fallback: &recordingRT{},
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			nc, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			return &refusingWrites{Conn: nc}, err
+		},
+	}
+	defer tr.CloseIdleConnections()
+	for i := range 2 {
+		body := fmt.Sprintf(`{"n":%d}`, i)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, nil)
+		mb := &MemBody{}
+		mb.Reset([]byte(body))
+		req.Body, req.ContentLength = mb, int64(len(body))
+		if status, got := roundTrip(t, tr, req); status != 200 || got != body {
+			t.Fatalf("request %d: %d %q, want %q", i, status, got, body)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
+	}
+}
