@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -16,14 +17,15 @@ import (
 
 // The engine's request and answer lose their hop-by-hop headers (those
 // Connection names too), keep TE: trailers, carry napd's forwarding
-// headers and no default User-Agent; trailers come through.
+// headers and no default User-Agent; trailers come through. Served by
+// napd's h1 server, whose answer takes over the engine's answer's header.
 func TestForward_Headers(t *testing.T) {
-	for _, own := range []bool{false, true} {
-		name := "net/http"
-		if own {
-			name = "h1"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		own, served bool
+	}{{"net/http", false, false}, {"h1", true, false}, {"h1 served by h1", true, true}} {
+		own := c.own
+		t.Run(c.name, func(t *testing.T) {
 			seen := make(chan http.Header, 1)
 			e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 				_, _ = io.Copy(io.Discard, r.Body)
@@ -35,20 +37,28 @@ func TestForward_Headers(t *testing.T) {
 				w.Header().Set("Keep-Alive", "timeout=5")
 				w.Header().Set("Trailer", "X-Sum")
 				w.Header().Set("Content-Type", "application/json")
+				w.Header()["X-Multi"] = []string{"a", "b"}
 				_, _ = io.WriteString(w, `{"ok":true}`)
 				w.Header().Set("X-Sum", "42")
 			}, Options{})
 			if own {
 				e.models.transport = &h1.Transport{}
 			}
-			req, err := http.NewRequest("POST", e.srv.URL+"/v1/completions?a=1;b=2", strings.NewReader(`{"model":"m1"}`))
+			base := e.srv.URL
+			if c.served {
+				base = serveByH1(t, e.gw)
+			}
+			req, err := http.NewRequest("POST", base+"/v1/completions?a=1;b=2", strings.NewReader(`{"model":"m1"}`))
 			if err != nil {
 				t.Fatal(err)
 			}
 			req.Header["User-Agent"] = []string{""} // none
 			req.Header.Set("Connection", "X-Hop, keep-alive")
 			req.Header.Set("X-Hop", "1")
-			req.Header.Set("Te", "trailers")
+			if !c.served {
+				// napd's h1 server hands a request with TE to net/http's.
+				req.Header.Set("Te", "trailers")
+			}
 			req.Header.Set("Cookie", "session=1")
 			req.Header.Set("Proxy-Authorization", "Basic eA==")
 			req.Header.Set("X-Forwarded-For", "10.9.9.9")
@@ -69,11 +79,14 @@ func TestForward_Headers(t *testing.T) {
 					t.Errorf("engine got %s: %q", k, v)
 				}
 			}
-			host := strings.TrimPrefix(e.srv.URL, "http://")
-			for k, want := range map[string]string{
-				"Te": "trailers", "X-Forwarded-For": "127.0.0.1", "X-Forwarded-Host": host,
+			want := map[string]string{
+				"Te": "trailers", "X-Forwarded-For": "127.0.0.1", "X-Forwarded-Host": strings.TrimPrefix(base, "http://"),
 				"X-Forwarded-Proto": "http", "X-Kept": "yes", "Host": e.models.target.Host,
-			} {
+			}
+			if c.served {
+				delete(want, "Te")
+			}
+			for k, want := range want {
 				if got := h.Values(k); len(got) != 1 || got[0] != want {
 					t.Errorf("engine got %s: %q, want %q", k, got, want)
 				}
@@ -82,6 +95,10 @@ func TestForward_Headers(t *testing.T) {
 				if v := resp.Header.Get(k); v != "" {
 					t.Errorf("client got %s: %q", k, v)
 				}
+			}
+			if got := resp.Header.Values("X-Multi"); len(got) != 2 || got[0] != "a" || got[1] != "b" ||
+				resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("client got header %v", resp.Header)
 			}
 			if got := resp.Trailer.Get("X-Sum"); got != "42" {
 				t.Errorf("trailer X-Sum %q, want 42 (trailers %v)", got, resp.Trailer)
@@ -111,6 +128,7 @@ func TestForward_Interim(t *testing.T) {
 				w.WriteHeader(http.StatusEarlyHints)
 				w.Header().Del("Link")
 				w.Header().Set("Content-Type", "application/json")
+				w.Header()["X-Multi"] = []string{"a", "b"}
 				_, _ = io.WriteString(w, `{"ok":true}`)
 			}, Options{})
 			if c.h1 {
@@ -233,4 +251,18 @@ func TestForward_Upgrade(t *testing.T) {
 	}
 	rw.Close()
 	e.models.outcome()
+}
+
+// serveByH1 serves gw by napd's h1 server, as the agent does, and returns
+// its URL.
+func serveByH1(t *testing.T, gw *Gateway) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &h1.Server{Handler: gw.Handler(), Fallback: &http.Server{Handler: gw.Handler()}}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + l.Addr().String()
 }

@@ -60,9 +60,12 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 		c.failed(ctx, err)
 		return
 	}
-	h := c.w.Header()
-	for k, vv := range resp.Header {
-		addValues(h, k, vv)
+	h := resp.Header
+	if !c.takesHeader(resp) {
+		h = c.w.Header()
+		for k, vv := range resp.Header {
+			addValues(h, k, vv)
+		}
 	}
 	// The Trailer header is not in the transport's answer: it is
 	// announced from the trailers the answer declared.
@@ -100,6 +103,23 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 	for k, vv := range resp.Trailer {
 		addValues(h, http.TrailerPrefix+k, vv)
 	}
+}
+
+// headerTaker is a ResponseWriter that takes a header handed over
+// (napd's h1 server's).
+type headerTaker interface {
+	TakeHeader(h http.Header) bool
+}
+
+// takesHeader hands the engine's answer's header over to the client's
+// answer, where nothing asked for its header yet: napd's h1 Transport
+// (and net/http's it hands some requests to) reads names in canonical
+// form, so the header is what copying it field by field would make,
+// without that header's two allocations. Nothing reads the engine's
+// header after.
+func (c *call) takesHeader(resp *http.Response) bool {
+	t, ok := c.w.ResponseWriter.(headerTaker)
+	return ok && sentByH1(c.ticket) && t.TakeHeader(resp.Header)
 }
 
 // headerValue is h.Get(k) for a canonical k, as every key napd asks for is: Get

@@ -50,7 +50,28 @@ var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSiz
 // of pendingMax bytes (never grown: hold stays within it).
 var holds = sync.Pool{New: func() any { b := make([]byte, 0, pendingMax); return &b }}
 
-func (w *response) Header() http.Header { return w.header }
+// Header is made when first asked for: a handler may hand one over
+// instead (TakeHeader).
+func (w *response) Header() http.Header {
+	if w.header == nil {
+		w.header = make(http.Header)
+	}
+	return w.header
+}
+
+// TakeHeader makes h the answer's header, as if the handler had set each
+// of its fields, if the handler has not asked for one yet (Header) nor
+// written the head; it reports whether it did. The handler gives h up: it
+// is the answer's, Header's from then on. A proxy hands over its
+// engine's answer's header so, rather than copying it field by field
+// into a header made for it.
+func (w *response) TakeHeader(h http.Header) bool {
+	if w.header != nil || w.status != 0 || w.done || h == nil {
+		return false
+	}
+	w.header = h
+	return true
+}
 
 func (w *response) WriteHeader(code int) {
 	if w.done || w.status != 0 {
@@ -193,6 +214,7 @@ func (w *response) commit(chunked bool, next []byte) {
 			first = next
 		}
 		if len(first) > 0 {
+			h = w.Header()
 			h.Set("Content-Type", http.DetectContentType(first[:min(len(first), 512)]))
 		}
 	}

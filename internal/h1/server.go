@@ -807,7 +807,7 @@ func (c *serverConn) serveOne(ex *exchange) (keep, unread bool) {
 	}
 	c.served, c.lastPost = true, r.Method == http.MethodPost
 	w := &ex.w
-	w.c, w.req, w.header, w.cl = c, r, make(http.Header), -1
+	w.c, w.req, w.cl = c, r, -1 // the header when asked for: Header
 	c.mu.Lock()
 	c.cancel = ex.cancel
 	c.mu.Unlock()

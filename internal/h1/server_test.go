@@ -16,6 +16,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -558,6 +559,36 @@ func TestServerContentType(t *testing.T) {
 		c.send(get(path))
 		if resp, _ := c.answer("GET"); !slices.Equal(resp.Header["Content-Type"], want) {
 			t.Errorf("%s: Content-Type %q, want %q", path, resp.Header["Content-Type"], want)
+		}
+	}
+}
+
+// A handler may hand its answer a header of its own, if it has not asked
+// for the answer's (Header) nor written the head: the header is then the
+// answer's.
+func TestServerTakeHeader(t *testing.T) {
+	ts := startServer(t, func(w http.ResponseWriter, r *http.Request) {
+		h := http.Header{"X-A": {"1"}, "Content-Type": {"application/json"}}
+		switch r.URL.Path {
+		case "/asked":
+			w.Header().Set("X-Own", "yes")
+		case "/written":
+			w.WriteHeader(http.StatusAccepted)
+		}
+		taken := w.(*response).TakeHeader(h)
+		w.Header().Add("X-Taken", strconv.FormatBool(taken))
+		_, _ = io.WriteString(w, "{}")
+	})
+	c := dialServer(t, ts.addr)
+	for _, path := range []string{"/take", "/asked", "/written"} {
+		c.send(get(path))
+		resp, body := c.answer("GET")
+		taken := path == "/take"
+		if body != "{}" || (resp.Header.Get("X-A") == "1") != taken || (resp.Header.Get("Content-Type") == "application/json") != taken {
+			t.Errorf("%s: header %v body %q", path, resp.Header, body)
+		}
+		if path != "/written" && resp.Header.Get("X-Taken") != strconv.FormatBool(taken) {
+			t.Errorf("%s: X-Taken %q", path, resp.Header.Get("X-Taken"))
 		}
 	}
 }
