@@ -173,6 +173,15 @@ func (cc *countedConn) CloseWrite() error {
 	return nil
 }
 
+// SyscallConn lets napd's HTTP server read and write the socket itself
+// (internal/h1's sockIO).
+func (cc *countedConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := cc.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
+}
+
 func (cc *countedConn) Close() error {
 	if cc.closed.CompareAndSwap(false, true) {
 		cc.c.open.Add(-1)

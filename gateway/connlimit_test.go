@@ -124,3 +124,37 @@ func TestConnLimit_AcceptErrorsLoggedOncePerBurst(t *testing.T) {
 		t.Errorf("the end of the burst does not count its errors:\n%s", logs.String())
 	}
 }
+
+// A counted connection hands its socket on (syscall.Conn), so napd's HTTP
+// server reads and writes it with its own system calls.
+func TestConnLimit_CountedConnHasItsSocket(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll := NewConnLimit(2, nil).Listener(l)
+	defer ll.Close()
+	go func() {
+		if c, err := net.Dial("tcp", l.Addr().String()); err == nil {
+			defer c.Close()
+			_, _ = c.Read(make([]byte, 1))
+		}
+	}()
+	c, err := ll.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		t.Fatalf("%T is no syscall.Conn", c)
+	}
+	if _, err := sc.SyscallConn(); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := net.Pipe()
+	defer a.Close()
+	if _, err := (&countedConn{Conn: a}).SyscallConn(); err == nil {
+		t.Error("a socket for a pipe")
+	}
+}

@@ -79,6 +79,7 @@ type conn struct {
 	peek  func(fd uintptr) bool // c.peekFd, made once
 	alive bool                  // what the last peek saw
 	pb    [1]byte               // the peek's buffer
+	rw    io.ReadWriter         // nc's reads and writes: a sockIO when nc has a socket
 	lr    *limitedConn          // under br: bounds the answer's head
 	br    *bufio.Reader
 	used  time.Time // when it was put back idle
@@ -259,7 +260,11 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{nc: nc, lr: &limitedConn{Conn: nc, left: -1}, slot: -1}
+	c := &conn{nc: nc, rw: nc, slot: -1}
+	if s := newSockIO(nc); s != nil {
+		c.rw = s
+	}
+	c.lr = &limitedConn{r: c.rw, left: -1}
 	c.unblock = func() { _ = nc.SetDeadline(stopped) }
 	c.br = bufio.NewReaderSize(c.lr, 4<<10)
 	// Made once: SyscallConn allocates a RawConn at each call, and a
@@ -277,13 +282,13 @@ func (t *Transport) get(ctx context.Context, addr string) (*conn, error) {
 // limitedConn fails reads past left bytes while left ≥ 0: an engine's
 // answer head may not grow without bound in napd's memory.
 type limitedConn struct {
-	net.Conn
+	r    io.Reader
 	left int64 // -1: no bound
 }
 
 func (l *limitedConn) Read(p []byte) (int, error) {
 	if l.left < 0 {
-		return l.Conn.Read(p)
+		return l.r.Read(p)
 	}
 	if l.left == 0 {
 		return 0, errHeadTooLarge
@@ -291,7 +296,7 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 	if int64(len(p)) > l.left {
 		p = p[:l.left]
 	}
-	n, err := l.Conn.Read(p)
+	n, err := l.r.Read(p)
 	l.left -= int64(n)
 	return n, err
 }
@@ -375,8 +380,7 @@ func (c *conn) open() bool {
 
 // peekFd is open's peek at the connection's socket.
 func (c *conn) peekFd(fd uintptr) bool {
-	_, _, err := syscall.Recvfrom(int(fd), c.pb[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	c.alive = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+	c.alive = sysPeek(fd, c.pb[:]) == syscall.EAGAIN
 	return true // never wait: the answer is now
 }
 
@@ -495,7 +499,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 		t.end(c, false)
 		return nil, fmt.Errorf("h1: %w", err)
 	}
-	n, err := c.nc.Write(buf)
+	n, err := c.rw.Write(buf)
 	*bp = buf[:0]
 	heads.Put(bp)
 	if err == nil && req.ContentLength > inline {

@@ -240,6 +240,7 @@ const newGrace = 5 * time.Second
 type serverConn struct {
 	s     *Server
 	nc    net.Conn
+	rw    io.ReadWriter // nc's reads and writes: a sockIO when nc has a socket
 	cr    connReader
 	br    *bufio.Reader
 	bw    *bufio.Writer
@@ -277,7 +278,10 @@ const (
 )
 
 func (s *Server) newConn(nc net.Conn) *serverConn {
-	c := &serverConn{s: s, nc: nc, raddr: nc.RemoteAddr().String(), accepted: time.Now()}
+	c := &serverConn{s: s, nc: nc, rw: nc, raddr: nc.RemoteAddr().String(), accepted: time.Now()}
+	if s := newSockIO(nc); s != nil {
+		c.rw = s
+	}
 	c.cr.c = c
 	c.cw.c = c
 	c.rd.nc, c.wd.nc, c.wd.write = nc, nc, true
@@ -328,7 +332,7 @@ func (r *connReader) Read(p []byte) (int, error) {
 	r.c.rd.begin()
 	defer r.c.rd.end()
 	for {
-		n, err := r.c.nc.Read(p)
+		n, err := r.c.rw.Read(p)
 		if err == nil || n > 0 || !r.c.rd.retry(err) {
 			return n, err
 		}
@@ -344,7 +348,7 @@ func (w *connWriter) Write(p []byte) (int, error) {
 	defer w.c.wd.end()
 	done := 0
 	for {
-		n, err := w.c.nc.Write(p[done:])
+		n, err := w.c.rw.Write(p[done:])
 		done += n
 		if err == nil || !w.c.wd.retry(err) {
 			return done, err
