@@ -321,11 +321,19 @@ counts) on the 2-core machine above, beside the Go floor:
 - The Go floor row is what Go itself costs here: the same two reads and
   two writes per request as napd, on Go's netpoller and scheduler, with
   napd's CPU count. It comes close to nginx in throughput, CPU per
-  request and added latency. So neither the Go runtime (its scheduler,
-  netpoller and monitor thread: the floor and napd both switch threads
-  about four times per request at one connection) nor what the kernel
-  and this virtual machine's hypervisor charge for loopback writes and
-  wakeups holds napd back from nginx's figures: the floor pays them too.
+  request and added latency. So neither the Go runtime's scheduler and
+  netpoller nor what the kernel and this virtual machine's hypervisor
+  charge for loopback writes and wakeups holds napd back from nginx's
+  figures: the floor pays them too.
+- One runtime cost napd does not pay: net.Conn's reads and writes enter
+  each system call through the runtime's entersyscall, which wakes its
+  monitor thread (sysmon) whenever it slept because the process was
+  idle, and at one connection a proxy goes idle twice per request. The
+  floor's threads switch about four times per request at -c1, two of
+  them that thread's. napd reads and writes its sockets with raw system
+  calls (` + "`internal/h1`" + `'s sockIO: the sockets are non-blocking, so the
+  calls return at once, and Go's netpoller still does the waiting): two
+  switches per request, and about a third less CPU per request at -c1.
 - napd's system calls per request are the floor's plus one: two writes,
   two reads that return data, one or two that find none yet and park
   the goroutine, and a non-blocking peek (recvfrom) on a reused engine
@@ -354,11 +362,12 @@ counts) on the 2-core machine above, beside the Go floor:
   httputil.ReverseProxy's copies of the request and of every header
   value. A request's admission and end run on its own goroutine under
   its model's lock (docs/design.md), not through the model's loop. The
-  gateway adds about 28 allocations per request (TestProxyAllocs): a
+  gateway adds about 25 allocations per request (TestProxyAllocs): a
   request's call holds its recorder, engine request and body reader; its
   deadline arms a timer only when something waits on it; the engine
   client watches requests for cancellation with a sweep every 10 ms
-  rather than a registration each. Socket deadlines move only when a
+  rather than a registration each; the engine's answer header becomes
+  the client's answer header as it is. Socket deadlines move only when a
   read or write would reach them. Durations read the monotonic clock
   alone.
 - napd runs its Go code on half the CPUs it may use (agent.cpus,
