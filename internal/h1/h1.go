@@ -87,11 +87,12 @@ type conn struct {
 	// ctx is the context of the request in flight on c, at t.flight[slot]
 	// (slot -1: not there); cancelled, the sweep fails the read or write
 	// the request waits in and marks c stopped, never to be reused. A
-	// request the sweep finds still running is registered with its
-	// context instead (stop ends the registration) and leaves the flight.
-	// Under the Transport's mu.
+	// request a second sweep finds still running (seen by the first) is
+	// registered with its context instead (stop ends the registration)
+	// and leaves the flight. Under the Transport's mu.
 	ctx     context.Context
 	slot    int
+	seen    bool
 	stopped bool
 	stop    func() bool
 	unblock func() // fails the read or write under way; made once
@@ -395,13 +396,13 @@ const cancelSweep = 10 * time.Millisecond
 // watch puts the request on c, with its context, among those the sweep
 // looks at; end takes it out. Registering every request with its context
 // (context.AfterFunc) cost five allocations per request, while nearly all
-// of them end before a sweep sees them; those the sweep finds still
-// running (streams, long answers) are registered then, and looked at no
-// more, so a sweep costs in proportion to the requests begun since the
-// last, not to those open.
+// of them end before a sweep sees them; those two sweeps find running
+// (streams, long answers) are registered then, and looked at no more, so
+// a sweep costs in proportion to the requests begun in its last two
+// rounds, not to those open.
 func (t *Transport) watch(c *conn, ctx context.Context) {
 	t.mu.Lock()
-	c.ctx, c.slot = ctx, len(t.flight)
+	c.ctx, c.slot, c.seen = ctx, len(t.flight), false
 	t.flight = append(t.flight, c)
 	if !t.sweeping {
 		t.sweeping = true
@@ -437,10 +438,13 @@ func (t *Transport) unlist(c *conn) {
 }
 
 // sweep fails, every cancelSweep, the read or write each cancelled request
-// waits in, and registers those still running with their context (which
-// fails it as the context ends): a cancelled request ends within
-// cancelSweep, and its connection is not reused. It runs while requests
-// are in flight, and stops after two rounds without any.
+// waits in, and registers those it saw running in its last round too with
+// their context (which fails it as the context ends): a cancelled request
+// ends within cancelSweep, and its connection is not reused. Registering
+// at the first sight would register every request that straddles a
+// round (a fifth of them at 2 ms each); at the second, only those that
+// ran for a whole round. It runs while requests are in flight, and stops
+// after two rounds without any.
 func (t *Transport) sweep() {
 	tick := time.NewTicker(cancelSweep)
 	defer tick.Stop()
@@ -450,8 +454,14 @@ func (t *Transport) sweep() {
 		t.mu.Lock()
 		for i := 0; i < len(t.flight); {
 			c := t.flight[i]
+			err := c.ctx.Err()
+			if err == nil && !c.seen {
+				c.seen = true
+				i++
+				continue
+			}
 			t.unlist(c) // the last one takes its place at i
-			if c.ctx.Err() == nil {
+			if err == nil {
 				c.stop = context.AfterFunc(c.ctx, c.unblock)
 				continue
 			}
