@@ -94,37 +94,35 @@ func (s *sockIO) writeFd(fd uintptr) bool {
 }
 
 func (s *sockIO) Read(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	s.r = sockOp{p: p}
-	err := s.rc.Read(s.read)
-	n, errno := s.r.n, s.r.errno
-	s.r.p = nil
-	switch {
-	case err != nil:
-		return 0, s.opError("read", err)
-	case errno != 0:
-		return 0, s.opError("read", os.NewSyscallError("read", errno))
-	case n == 0:
+	n, err := s.do(&s.r, p, false)
+	if n == 0 && err == nil && len(p) > 0 {
 		return 0, io.EOF
 	}
-	return n, nil
+	return n, err
 }
 
-func (s *sockIO) Write(p []byte) (int, error) {
+func (s *sockIO) Write(p []byte) (int, error) { return s.do(&s.w, p, true) }
+
+// do reads into p (writes p) as o, waiting on the netpoller for the
+// socket to be ready.
+func (s *sockIO) do(o *sockOp, p []byte, write bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	s.w = sockOp{p: p}
-	err := s.rc.Write(s.write)
-	n, errno := s.w.n, s.w.errno
-	s.w.p = nil
+	*o = sockOp{p: p}
+	op, err := "read", error(nil)
+	if write {
+		op, err = "write", s.rc.Write(s.write)
+	} else {
+		err = s.rc.Read(s.read)
+	}
+	n, errno := o.n, o.errno
+	o.p = nil
 	switch {
 	case err != nil:
-		return n, s.opError("write", err)
+		return n, s.opError(op, err)
 	case errno != 0:
-		return n, s.opError("write", os.NewSyscallError("write", errno))
+		return n, s.opError(op, os.NewSyscallError(op, errno))
 	}
 	return n, nil
 }
