@@ -575,16 +575,11 @@ type upload interface {
 }
 
 // sentByH1 reports whether t's transport is napd's engine client and sends
-// a request with a body in memory (or none) itself, as it does a plain
-// HTTP one without an upgrade (h1.Transport's handles; a request proxy
-// builds has neither Upgrade nor Close). It writes such a body whatever
-// its type, and drops an engine's 1xx answers, so the request needs
-// neither the body net/http knows to be in memory nor a trace; the
-// requests it hands to net/http's Transport need both.
-func sentByH1(t *Ticket) bool {
-	_, ok := t.Transport.(*h1.Transport)
-	return ok && t.Target.Scheme == "http"
-}
+// a request with a body in memory (or none) itself (a request proxy
+// builds has neither Upgrade nor Close): the request needs neither the
+// body net/http knows to be in memory nor a trace; the requests it hands
+// to net/http's Transport need both.
+func sentByH1(t *Ticket) bool { return h1.SendsItself(t.Transport, t.Target) }
 
 // wholeBody is a body read whole: the JSON routes and pass-through. It is
 // part of the call, and so is the reader the transport reads it with.

@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,7 +162,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // plain HTTP, a body of known length in memory (GetBody, or a MemBody) or
 // none, and no protocol upgrade.
 func (t *Transport) handles(req *http.Request) bool {
-	if req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" || req.Close {
+	if !ownScheme(req.URL) || req.Header.Get("Upgrade") != "" || req.Close {
 		return false
 	}
 	if req.Body == nil || req.Body == http.NoBody {
@@ -485,6 +486,20 @@ func (t *Transport) sweep() {
 	}
 }
 
+// SendsItself reports whether rt is a Transport that sends a request to u
+// over its own connections when the request is plain (handles: no
+// Upgrade or Close, a MemBody or no body), rather than handing it to
+// net/http's Transport. Such a request needs nothing only net/http's
+// Transport uses (GetBody, a client trace: this one drops 1xx answers).
+func SendsItself(rt http.RoundTripper, u *url.URL) bool {
+	_, ok := rt.(*Transport)
+	return ok && ownScheme(u)
+}
+
+// ownScheme reports whether requests to u may go over the Transport's own
+// connections: plain HTTP (TLS and unix sockets go to net/http's).
+func ownScheme(u *url.URL) bool { return u.Scheme == "http" }
+
 // heads are the buffers requests' heads and small bodies are written from.
 var heads = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 
@@ -492,7 +507,7 @@ var heads = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }
 func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
-		t.discard(c)
+		c.nc.Close()
 		return nil, err
 	}
 	// A cancelled request (client gone, deadline) unblocks whatever read
@@ -556,8 +571,6 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	resp.Body = &a.tb
 	return resp, nil
 }
-
-func (t *Transport) discard(c *conn) { c.nc.Close() }
 
 // appendHead appends req's request line and header as HTTP/1.1.
 func appendHead(b []byte, req *http.Request) ([]byte, error) {
