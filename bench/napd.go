@@ -207,22 +207,34 @@ func (n *napd) settle(limit time.Duration) {
 	}
 }
 
-// procCPU is the CPU time process pid has used so far (user and system),
-// from /proc/PID/stat in clock ticks of 10 ms (USER_HZ is 100 on Linux).
-func procCPU(pid int) time.Duration {
+// procCPU is the CPU time process pid has used so far (user and system).
+func procCPU(pid int) time.Duration { return procTimes(pid).total() }
+
+// cpuTimes is CPU time used in user space and in the kernel.
+type cpuTimes struct{ user, sys time.Duration }
+
+func (t cpuTimes) total() time.Duration { return t.user + t.sys }
+
+func (t cpuTimes) add(u cpuTimes) cpuTimes { return cpuTimes{t.user + u.user, t.sys + u.sys} }
+
+func (t cpuTimes) sub(u cpuTimes) cpuTimes { return cpuTimes{t.user - u.user, t.sys - u.sys} }
+
+// procTimes is the CPU time process pid has used so far, from
+// /proc/PID/stat in clock ticks of 10 ms (USER_HZ is 100 on Linux).
+func procTimes(pid int) cpuTimes {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return cpuTimes{}
 	}
 	// The fields after the command name, which is in parentheses.
 	_, rest, _ := bytes.Cut(b, []byte(") "))
 	f := strings.Fields(string(rest))
 	if len(f) < 13 {
-		return 0
+		return cpuTimes{}
 	}
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return cpuTimes{time.Duration(utime) * 10 * time.Millisecond, time.Duration(stime) * 10 * time.Millisecond}
 }
 
 // procSwitches is the context switches of all of pid's threads so far.
@@ -253,25 +265,41 @@ func treeSwitches(pid int) int64 {
 	return n
 }
 
-// children are pid's child processes.
+// children are pid's child processes: those of each of its threads (a
+// Go program starts a child from whichever thread runs the goroutine).
 func children(pid int) []int {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	var pids []int
-	for _, c := range strings.Fields(string(b)) {
-		if k, err := strconv.Atoi(c); err == nil {
-			pids = append(pids, k)
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		for _, c := range strings.Fields(string(b)) {
+			if k, err := strconv.Atoi(c); err == nil {
+				pids = append(pids, k)
+			}
 		}
 	}
 	return pids
 }
 
-// treeCPU is procCPU of pid and its children (nginx's workers).
-func treeCPU(pid int) time.Duration {
-	t := procCPU(pid)
+// treeTimes is procTimes of pid and its children (nginx's workers).
+func treeTimes(pid int) cpuTimes {
+	t := procTimes(pid)
 	for _, c := range children(pid) {
-		t += procCPU(c)
+		t = t.add(procTimes(c))
 	}
 	return t
+}
+
+// engineOf is the child of napd (pid) that runs the bench engine on port,
+// 0 when there is none.
+func engineOf(pid, port int) int {
+	want := fmt.Sprintf("\x00-engine\x00-port\x00%d\x00", port)
+	for _, c := range children(pid) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c)); err == nil && strings.Contains(string(b), want) {
+			return c
+		}
+	}
+	return 0
 }
 
 // freePorts reserves k distinct free loopback ports.

@@ -31,17 +31,18 @@ type wrkPath struct {
 	url  string
 	// cpu, when set, is the CPU time the proxy of this path used so far;
 	// switches, its threads' context switches so far.
-	cpu      func() time.Duration
+	cpu      func() cpuTimes
 	switches func() int64
 }
 
 // wrkResult is one wrk run's figures.
 type wrkResult struct {
-	rps      float64
-	median   time.Duration
-	requests int64
-	cpuPer   time.Duration // the proxy's CPU per request (0 = not measured)
-	switches float64       // the proxy's context switches per request
+	rps       float64
+	median    time.Duration
+	requests  int64
+	cpuPer    cpuTimes      // the proxy's CPU per request (zero = not measured)
+	switches  float64       // the proxy's context switches per request
+	enginePer time.Duration // the engine's CPU per request (0 = not measured)
 }
 
 // wrkFigures are the median round of each path at 1 and 32 connections.
@@ -54,8 +55,9 @@ type wrkFigures struct {
 	skipped string               // why the whole comparison is missing
 }
 
-// wrkCompare runs the comparison on paths (direct first).
-func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath) (wrkFigures, error) {
+// wrkCompare runs the comparison on paths (direct first); engineCPU, when
+// set, is the CPU time the engine used so far.
+func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath, engineCPU func() time.Duration) (wrkFigures, error) {
 	f := wrkFigures{one: map[string]wrkResult{}, many: map[string]wrkResult{}, load: describeMachine().load}
 	rounds := map[string][]wrkResult{}
 	for _, p := range paths {
@@ -68,18 +70,28 @@ func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath) (wrkFigur
 	for range wrkRounds {
 		for _, conns := range []int{1, wrkConcurrent} {
 			for _, p := range paths {
-				var cpu0 time.Duration
+				var cpu0 cpuTimes
 				var sw0 int64
+				var eng0 time.Duration
 				if p.cpu != nil {
 					cpu0, sw0 = p.cpu(), p.switches()
+				}
+				if engineCPU != nil {
+					eng0 = engineCPU()
 				}
 				r, err := runWrk(ctx, p.url, bodyFile, conns, wrkDuration)
 				if err != nil {
 					return f, fmt.Errorf("wrk %s -c%d: %w", p.name, conns, err)
 				}
-				if p.cpu != nil && r.requests > 0 {
-					r.cpuPer = (p.cpu() - cpu0) / time.Duration(r.requests)
-					r.switches = float64(p.switches()-sw0) / float64(r.requests)
+				if n := time.Duration(r.requests); n > 0 {
+					if p.cpu != nil {
+						d := p.cpu().sub(cpu0)
+						r.cpuPer = cpuTimes{d.user / n, d.sys / n}
+						r.switches = float64(p.switches()-sw0) / float64(r.requests)
+					}
+					if engineCPU != nil {
+						r.enginePer = (engineCPU() - eng0) / n
+					}
 				}
 				key := fmt.Sprintf("%s/%d", p.name, conns)
 				rounds[key] = append(rounds[key], r)
@@ -253,22 +265,25 @@ func (r *report) wrkMarkdown(b *strings.Builder) {
 		fmt.Fprintf(b, "Not measured: %s. `scripts/bench-deps.sh` installs wrk and nginx-light.\n\n", f.skipped)
 		return
 	}
-	fmt.Fprintf(b, `| path | req/s at %d connections | × direct | median at 1 connection | added median | proxy CPU per request (at %d) | proxy thread switches per request |
-|---|---|---|---|---|---|---|
+	fmt.Fprintf(b, `| path | req/s at %d connections | × direct | median at 1 connection | added median | proxy CPU per request (at %d): user + system | proxy thread switches per request | engine CPU per request |
+|---|---|---|---|---|---|---|---|
 `, wrkConcurrent, wrkConcurrent)
 	direct := f.one["direct"].median
 	directRPS := f.many["direct"].rps
 	for _, p := range f.paths {
 		one, many := f.one[p], f.many[p]
-		added, cpu, sw := "—", "", ""
+		added, cpu, sw, eng := "—", "", "", ""
 		if p != "direct" {
 			added = "+" + us(one.median-direct)
 		}
-		if many.cpuPer > 0 {
-			cpu = us(many.cpuPer)
+		if c := many.cpuPer; c.total() > 0 {
+			cpu = fmt.Sprintf("%s: %s + %s", us(c.total()), us(c.user), us(c.sys))
 			sw = fmt.Sprintf("%.1f", many.switches)
 		}
-		fmt.Fprintf(b, "| %s | %.0f | %.2f | %s | %s | %s | %s |\n", p, many.rps, many.rps/directRPS, us(one.median), added, cpu, sw)
+		if many.enginePer > 0 {
+			eng = us(many.enginePer)
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %.2f | %s | %s | %s | %s | %s |\n", p, many.rps, many.rps/directRPS, us(one.median), added, cpu, sw, eng)
 	}
 	napdOne, napdMany := f.one["napd"], f.many["napd"]
 	addedNapd := napdOne.median - direct
@@ -301,7 +316,9 @@ per request too: what napd costs beyond it is napd's own work. napd runs with it
 included (its Go code on half the CPUs, rounded up). Proxy CPU per request: the proxy's user and
 system time from /proc/PID/stat over the run, divided by the requests wrk
 completed (10 ms ticks: over a %s run of thousands of requests, well
-resolved). Thread switches: the voluntary and involuntary context switches
+resolved), their sum first. Engine CPU per request: the engine's, measured
+alike over the same run (for direct, the only process between wrk and
+itself). Thread switches: the voluntary and involuntary context switches
 of all the proxy's threads (/proc/PID/task/*/status; nginx: its workers),
 per request: each is a thread put to sleep or preempted and woken again. Load average when this section started: %s.
 
@@ -340,19 +357,36 @@ counts) on the 2-core machine above, beside the Go floor:
   connection. The peek tells a connection the engine closed while idle
   from a live one before a request is written on it; net/http's
   Transport learns the same from a read it keeps running on every idle
-  connection. It is about 3 % of napd's CPU.
-- The rest of the difference, napd's CPU per request minus the floor's in
-  the table, is napd's own work in user space, and it is spread thin: no
-  function takes more than about 3 % of napd's CPU, and GOGC from 100 to
-  400 changes nothing measurable. The shares: allocation and garbage
-  collection about a tenth; the request's and the answer's heads and
-  header maps (net/http's types, which the gateway's features are
-  written against); admission and the lease (the model's lock, a lease
-  record); metrics; the body's routing fields and the answer's usage
-  counts; contexts, deadlines and clock readings (40-65 ns each on this
-  machine). At one connection each costs about twice as much as at 32:
-  between two requests wrk and the engine run on napd's CPU, and napd
-  comes back to cold caches.
+  connection. It is about 3 % of napd's CPU. With raw socket I/O napd's
+  system time per request is below the floor's (the user + system
+  column); its user time is about twice the floor's and nginx's.
+- So the difference is napd's own work in user space, and it is spread
+  thin: no function takes more than about 3 % of napd's CPU. The
+  shares: allocation and garbage collection about a tenth (GOGC from
+  100 to 400 changes nothing measurable; the floor with 30 extra
+  allocations of 96 bytes per request spends ~2 µs more per request and
+  loses 2-5 % of its throughput, so allocations are a small part); the
+  request's and the answer's heads and header maps (net/http's types,
+  which the gateway's features are written against); admission and the
+  lease (the model's lock, a lease record); metrics; the body's routing
+  fields and the answer's usage counts; contexts, deadlines and clock
+  readings (25-50 ns each on this machine). At one connection each
+  costs about twice as much as at 32: between two requests wrk and the
+  engine run on napd's CPU, and napd comes back to cold caches.
+- That work costs napd more throughput than its own CPU time says: the
+  engine column. Behind napd the engine spends more CPU per request than
+  behind the floor or nginx (48, 37 and 32 µs in one interleaved
+  measurement): ` + "`perf stat`" + ` on the engine counts, per request, 0.74, 0.34
+  and 0.23 epoll waits, 0.49, 0.23 and 0.11 futex calls, 0.95, 0.65 and
+  0.33 thread switches. napd's requests reach the engine spaced by
+  napd's per-request work on its one thread; between two, the engine's
+  threads run out of work, sleep, and are woken again. The engine's
+  threading matters as much: with the same engine on one thread
+  (GOMAXPROCS=1, as the single event loop of vLLM's and SGLang's API
+  servers) napd measured 0.43-0.44× direct and 0.73-0.74× nginx in
+  rounds interleaved with the two-thread engine's 0.39× and 0.62×,
+  direct and nginx moving little. The bench keeps the two-thread engine
+  its goals were set on.
 - What napd does about it. Its own HTTP/1.1 server and engine client
   (` + "`internal/h1`" + `, docs/gateway.md): a request is read, handled,
   forwarded and answered on its connection's goroutine, with none of
@@ -399,7 +433,7 @@ func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigure
 		defer ng.stop()
 		pid := ng.cmd.Process.Pid
 		paths = append(paths, wrkPath{name: "nginx", url: "http://" + ng.addr + "/v1/chat/completions",
-			cpu: func() time.Duration { return treeCPU(pid) }, switches: func() int64 { return treeSwitches(pid) }})
+			cpu: func() cpuTimes { return treeTimes(pid) }, switches: func() int64 { return treeSwitches(pid) }})
 	}
 	for _, gp := range []struct {
 		name  string
@@ -412,11 +446,16 @@ func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigure
 		defer p.stop()
 		pid := p.cmd.Process.Pid
 		paths = append(paths, wrkPath{name: gp.name, url: "http://" + p.addr + "/v1/chat/completions",
-			cpu: func() time.Duration { return treeCPU(pid) }, switches: func() int64 { return procSwitches(pid) }})
+			cpu: func() cpuTimes { return treeTimes(pid) }, switches: func() int64 { return procSwitches(pid) }})
 	}
 	napdPid := n.cmd.Process.Pid
-	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: n.cpu, switches: func() int64 { return procSwitches(napdPid) }})
-	f, err := wrkCompare(ctx, body, paths)
+	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: func() cpuTimes { return procTimes(napdPid) },
+		switches: func() int64 { return procSwitches(napdPid) }})
+	var engineCPU func() time.Duration
+	if pid := engineOf(napdPid, n.enginePort); pid != 0 {
+		engineCPU = func() time.Duration { return procCPU(pid) }
+	}
+	f, err := wrkCompare(ctx, body, paths, engineCPU)
 	f.nginx = why
 	return f, err
 }
