@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -23,6 +24,7 @@ type engineFlags struct {
 	port         int
 	startupDelay time.Duration
 	readyFile    string // where to write the unix-nano moment /health turns 200
+	procs        int    // GOMAXPROCS; 0: Go's default
 }
 
 // completionBody is the fixed non-streamed answer: small, like a short
@@ -42,6 +44,9 @@ type benchRequest struct {
 
 // runEngine serves until SIGTERM.
 func runEngine(f engineFlags) error {
+	if f.procs > 0 {
+		runtime.GOMAXPROCS(f.procs)
+	}
 	readyAt := time.Now().Add(f.startupDelay)
 	if f.readyFile != "" {
 		// Known in advance: /health turns 200 at readyAt exactly.

@@ -38,6 +38,7 @@ func main() {
 	flag.IntVar(&ef.port, "port", 0, "engine: port")
 	flag.DurationVar(&ef.startupDelay, "startup-delay", 0, "engine: time until /health turns 200")
 	flag.StringVar(&ef.readyFile, "ready-file", "", "engine: file to write the healthy moment to")
+	flag.IntVar(&ef.procs, "procs", 0, "engine: GOMAXPROCS (0 = Go's default)")
 	var o options
 	flag.StringVar(&o.bin, "bin", "bin", "directory holding the napd binary")
 	flag.StringVar(&o.out, "out", "docs/bench.md", "figures file to write (\"\" = print only)")

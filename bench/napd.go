@@ -27,6 +27,7 @@ type napd struct {
 	dir        string
 	addr       string // gateway host:port
 	enginePort int    // the "proxy" model's engine, for direct requests
+	engine1    int    // the "proxy1" model's engine: the same on one thread
 	demoPort   int    // the "demo" model's engine (napd-demo-engine)
 	socket     string
 	cmd        *exec.Cmd
@@ -43,7 +44,7 @@ func (n *napd) readyFile(d time.Duration) string {
 }
 
 // startNapd writes a config with the "proxy" model (the bench engine, no
-// start-up delay), the "demo" model (napd-demo-engine answering at once)
+// start-up delay), "proxy1" (the same on one thread), the "demo" model (napd-demo-engine answering at once)
 // and one "wake-D" model per wake delay, and starts napd from binDir on
 // it. self is this program, run by napd as the engine.
 func startNapd(binDir, self string) (*napd, error) {
@@ -51,12 +52,12 @@ func startNapd(binDir, self string) (*napd, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return nil, err
 	}
 	n := &napd{
-		dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), enginePort: ports[1], demoPort: ports[2],
+		dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), enginePort: ports[1], demoPort: ports[2], engine1: ports[3],
 		socket: filepath.Join(dir, "control.sock"), exited: make(chan struct{}),
 	}
 	var cfg strings.Builder
@@ -73,13 +74,20 @@ sleep = "stop"
 max_concurrency = 16384
 queue = 4096
 
+[models.proxy1]
+command = [%q, "-engine", "-port", "${PORT}", "-procs", "1"]
+port = %d
+sleep = "stop"
+max_concurrency = 16384
+queue = 4096
+
 [models.demo]
 command = [%q, "--host", "127.0.0.1", "--port", "${PORT}", "--model", "demo", "--ttft", "0", "--tokens-per-second", "0"]
 port = %d
 sleep = "stop"
 max_concurrency = 4096
 queue = 4096
-`, self, n.enginePort, filepath.Join(binDir, "napd-demo-engine"), n.demoPort)
+`, self, n.enginePort, self, n.engine1, filepath.Join(binDir, "napd-demo-engine"), n.demoPort)
 	for _, d := range wakeDelays {
 		fmt.Fprintf(&cfg, `
 [models.%q]

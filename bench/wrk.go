@@ -53,6 +53,8 @@ type wrkFigures struct {
 	nginx   string               // why nginx is missing ("" = measured)
 	load    string               // load average when the comparison started
 	skipped string               // why the whole comparison is missing
+	// oneThread is the comparison with the engine on one thread.
+	oneThread *wrkFigures
 }
 
 // wrkCompare runs the comparison on paths (direct first); engineCPU, when
@@ -257,14 +259,28 @@ func (n *nginx) stop() {
 	_ = n.cmd.Wait()
 }
 
-// wrkMarkdown renders the comparison.
-func (r *report) wrkMarkdown(b *strings.Builder) {
-	f := r.wrk
-	fmt.Fprintf(b, "## Proxy cost measured with wrk: direct, nginx, the stock Go proxy, the Go floor, napd\n\n")
-	if f.skipped != "" {
-		fmt.Fprintf(b, "Not measured: %s. `scripts/bench-deps.sh` installs wrk and nginx-light.\n\n", f.skipped)
-		return
+// oneThreadMarkdown renders the comparison with the one-thread engine.
+func (f *wrkFigures) oneThreadMarkdown(b *strings.Builder) {
+	fmt.Fprintf(b, "### The same with a one-thread engine\n\n")
+	f.table(b)
+	napd, directRPS := f.many["napd"], f.many["direct"].rps
+	fmt.Fprintf(b, "\nnapd: %.2f × direct", napd.rps/directRPS)
+	if ng, ok := f.many["nginx"]; ok {
+		fmt.Fprintf(b, ", %.2f × nginx", napd.rps/ng.rps)
 	}
+	fmt.Fprintf(b, ", +%s at one connection.\n", us(f.one["napd"].median-f.one["direct"].median))
+	b.WriteString(`
+The same engine with its Go code on one thread (GOMAXPROCS=1, the "proxy1"
+model), measured the same way right after the table above: the HTTP front
+of vLLM and SGLang is one Python event loop, so this is the closer
+likeness of the engines napd serves. The goals above stay measured on the
+two-thread engine they were set on.
+
+`)
+}
+
+// table writes the paths' figures as a table.
+func (f *wrkFigures) table(b *strings.Builder) {
 	fmt.Fprintf(b, `| path | req/s at %d connections | × direct | median at 1 connection | added median | proxy CPU per request (at %d): user + system | proxy thread switches per request | engine CPU per request |
 |---|---|---|---|---|---|---|---|
 `, wrkConcurrent, wrkConcurrent)
@@ -285,6 +301,19 @@ func (r *report) wrkMarkdown(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "| %s | %.0f | %.2f | %s | %s | %s | %s | %s |\n", p, many.rps, many.rps/directRPS, us(one.median), added, cpu, sw, eng)
 	}
+}
+
+// wrkMarkdown renders the comparison.
+func (r *report) wrkMarkdown(b *strings.Builder) {
+	f := r.wrk
+	fmt.Fprintf(b, "## Proxy cost measured with wrk: direct, nginx, the stock Go proxy, the Go floor, napd\n\n")
+	if f.skipped != "" {
+		fmt.Fprintf(b, "Not measured: %s. `scripts/bench-deps.sh` installs wrk and nginx-light.\n\n", f.skipped)
+		return
+	}
+	f.table(b)
+	direct := f.one["direct"].median
+	directRPS := f.many["direct"].rps
 	napdOne, napdMany := f.one["napd"], f.many["napd"]
 	addedNapd := napdOne.median - direct
 	fmt.Fprintf(b, "\n| goal | figure | |\n|---|---|---|\n")
@@ -323,6 +352,9 @@ of all the proxy's threads (/proc/PID/task/*/status; nginx: its workers),
 per request: each is a thread put to sleep or preempted and woken again. Load average when this section started: %s.
 
 `, wrkRounds, wrkDuration, wrkConcurrent, wrkDuration, f.load)
+	if o := f.oneThread; o != nil && len(o.paths) > 0 {
+		o.oneThreadMarkdown(b)
+	}
 	r.allocsMarkdown(b)
 	b.WriteString(whereTimeGoes)
 }
@@ -381,12 +413,11 @@ counts) on the 2-core machine above, beside the Go floor:
   0.33 thread switches. napd's requests reach the engine spaced by
   napd's per-request work on its one thread; between two, the engine's
   threads run out of work, sleep, and are woken again. The engine's
-  threading matters as much: with the same engine on one thread
-  (GOMAXPROCS=1, as the single event loop of vLLM's and SGLang's API
-  servers) napd measured 0.43-0.44× direct and 0.73-0.74× nginx in
-  rounds interleaved with the two-thread engine's 0.39× and 0.62×,
-  direct and nginx moving little. The bench keeps the two-thread engine
-  its goals were set on.
+  threading matters as much ("The same with a one-thread engine" above):
+  with the engine on one thread, as the single event loop of vLLM's and
+  SGLang's API servers, napd measured 0.43-0.44× direct and 0.73-0.74×
+  nginx in rounds interleaved with the two-thread engine's 0.39× and
+  0.62×, direct and nginx moving little.
 - What napd does about it. Its own HTTP/1.1 server and engine client
   (` + "`internal/h1`" + `, docs/gateway.md): a request is read, handled,
   forwarded and answered on its connection's goroutine, with none of
@@ -413,21 +444,45 @@ counts) on the 2-core machine above, beside the Go floor:
 `
 
 // wrkSection runs the comparison against the "proxy" model's engine:
-// direct, through nginx when it is installed, and through napd.
+// direct, through nginx when it is installed, the Go proxies and napd;
+// then direct, nginx and napd again to "proxy1", the same engine on one
+// thread.
 func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigures, error) {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return wrkFigures{skipped: "wrk is not installed"}, nil
 	}
-	if err := post(ctx, client(), viaNapd, small("proxy")); err != nil { // wakes the engine
-		return wrkFigures{}, fmt.Errorf("wake proxy: %w", err)
+	f, err := wrkEngine(ctx, n, "proxy", n.enginePort, direct, viaNapd, true)
+	if err != nil {
+		return f, err
 	}
-	body := filepath.Join(n.dir, "body.json")
-	if err := os.WriteFile(body, []byte(small("proxy")), 0o644); err != nil {
+	one, err := wrkEngine(ctx, n, "proxy1", n.engine1, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.engine1), viaNapd, false)
+	f.oneThread = &one
+	return f, err
+}
+
+// goProxyStart names a Go proxy of the comparison and starts it.
+type goProxyStart struct {
+	name  string
+	start func(enginePort int) (*goProxy, error)
+}
+
+// wrkEngine compares the paths to model's engine on enginePort (the Go
+// proxies too when goProxies).
+func wrkEngine(ctx context.Context, n *napd, model string, enginePort int, direct, viaNapd string, goProxies bool) (wrkFigures, error) {
+	if err := post(ctx, client(), viaNapd, small(model)); err != nil { // wakes the engine
+		return wrkFigures{}, fmt.Errorf("wake %s: %w", model, err)
+	}
+	dir := filepath.Join(n.dir, model)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return wrkFigures{}, err
+	}
+	body := filepath.Join(dir, "body.json")
+	if err := os.WriteFile(body, []byte(small(model)), 0o644); err != nil {
 		return wrkFigures{}, err
 	}
 	paths := []wrkPath{{name: "direct", url: direct}}
 	why := ""
-	if ng, err := startNginx(n.dir, n.enginePort); err != nil {
+	if ng, err := startNginx(dir, enginePort); err != nil {
 		why = err.Error()
 	} else {
 		defer ng.stop()
@@ -435,11 +490,12 @@ func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigure
 		paths = append(paths, wrkPath{name: "nginx", url: "http://" + ng.addr + "/v1/chat/completions",
 			cpu: func() cpuTimes { return treeTimes(pid) }, switches: func() int64 { return treeSwitches(pid) }})
 	}
-	for _, gp := range []struct {
-		name  string
-		start func(enginePort int) (*goProxy, error)
-	}{{"Go ReverseProxy", startGoProxy}, {"Go floor", startFloor}} {
-		p, err := gp.start(n.enginePort)
+	var starts []goProxyStart
+	if goProxies {
+		starts = []goProxyStart{{"Go ReverseProxy", startGoProxy}, {"Go floor", startFloor}}
+	}
+	for _, gp := range starts {
+		p, err := gp.start(enginePort)
 		if err != nil {
 			return wrkFigures{}, err
 		}
@@ -452,7 +508,7 @@ func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigure
 	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: func() cpuTimes { return procTimes(napdPid) },
 		switches: func() int64 { return procSwitches(napdPid) }})
 	var engineCPU func() time.Duration
-	if pid := engineOf(napdPid, n.enginePort); pid != 0 {
+	if pid := engineOf(napdPid, enginePort); pid != 0 {
 		engineCPU = func() time.Duration { return procCPU(pid) }
 	}
 	f, err := wrkCompare(ctx, body, paths, engineCPU)
