@@ -47,15 +47,29 @@ type pathRules struct {
 
 // ruleSet is a list of rules as every request matches them: the patterns
 // without wildcards, most of them, by a map lookup, the others one by one
-// (a glob per rule cost 0.3 us per request).
+// (a glob per rule cost 0.3 us per request), each only on a path that
+// holds its longest literal run.
 type ruleSet struct {
 	exact map[string][]string // pattern -> methods ("" = any)
-	globs []pathRule
+	globs []globRule
+}
+
+// globRule is a rule with wildcards and the longest run of its pattern
+// without any: a path that lacks it cannot match.
+type globRule struct {
+	pathRule
+	literal string
 }
 
 func (s *ruleSet) add(rule pathRule) {
 	if strings.ContainsAny(rule.pattern, "*?") {
-		s.globs = append(s.globs, rule)
+		g := globRule{pathRule: rule}
+		for run := range strings.FieldsFuncSeq(rule.pattern, func(r rune) bool { return r == '*' || r == '?' }) {
+			if len(run) > len(g.literal) {
+				g.literal = run
+			}
+		}
+		s.globs = append(s.globs, g)
 		return
 	}
 	if s.exact == nil {
@@ -71,7 +85,7 @@ func (s *ruleSet) match(method, p string) bool {
 		}
 	}
 	for _, rule := range s.globs {
-		if (rule.method == "" || rule.method == method) && glob(rule.pattern, p) {
+		if (rule.method == "" || rule.method == method) && strings.Contains(p, rule.literal) && glob(rule.pattern, p) {
 			return true
 		}
 	}
