@@ -238,15 +238,18 @@ const newGrace = 5 * time.Second
 // serverConn is one client connection. Only its goroutine reads it, except
 // the background read of a request watched for the client leaving.
 type serverConn struct {
-	s     *Server
-	nc    net.Conn
-	rw    io.ReadWriter // nc's reads and writes: a sockIO when nc has a socket
-	cr    connReader
-	br    *bufio.Reader
-	bw    *bufio.Writer
-	ctx   context.Context // the connection's: BaseContext with net/http's values
-	raddr string
-	state atomic.Int32
+	s   *Server
+	nc  net.Conn
+	rw  io.ReadWriter // nc's reads and writes: a sockIO when nc has a socket
+	cr  connReader
+	br  *bufio.Reader
+	bw  *bufio.Writer
+	ctx context.Context // the connection's: BaseContext's values and deadline and net/http's, never done
+	// stopBase ends the connection's watch of BaseContext (baseDone);
+	// nil when BaseContext never ends.
+	stopBase func() bool
+	raddr    string
+	state    atomic.Int32
 
 	accepted time.Time
 	served   bool // a request was: the next is waited for as an idle one's
@@ -267,6 +270,7 @@ type serverConn struct {
 	bodyDone bool
 	aborting bool
 	left     bool // the background read saw the client leave
+	baseGone bool // BaseContext ended: so does every request's context
 	cancel   context.CancelFunc
 	watched  chan struct{}
 }
@@ -292,7 +296,7 @@ func (s *Server) newConn(nc net.Conn) *serverConn {
 	if s.Fallback != nil {
 		base = context.WithValue(base, http.ServerContextKey, s.Fallback)
 	}
-	c.ctx = context.WithValue(base, http.LocalAddrContextKey, nc.LocalAddr())
+	c.ctx = context.WithValue(detached{base}, http.LocalAddrContextKey, nc.LocalAddr())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.shutting.Load() {
@@ -303,10 +307,20 @@ func (s *Server) newConn(nc net.Conn) *serverConn {
 		s.conns = make(map[*serverConn]struct{})
 	}
 	s.conns[c] = struct{}{}
+	// A request's context ends with BaseContext through one registration
+	// per connection (baseDone), not one per request: the context package
+	// would enter each request's in BaseContext's set of children, one
+	// map shared by every connection, and take it out again.
+	if base.Done() != nil {
+		c.stopBase = context.AfterFunc(base, c.baseDone)
+	}
 	return c
 }
 
 func (c *serverConn) forget() {
+	if c.stopBase != nil {
+		c.stopBase()
+	}
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
 	c.s.mu.Unlock()
@@ -814,7 +828,11 @@ func (c *serverConn) serveOne(ex *exchange) (keep, unread bool) {
 	w.c, w.req, w.cl = c, r, -1 // the header when asked for: Header
 	c.mu.Lock()
 	c.cancel = ex.cancel
+	gone := c.baseGone
 	c.mu.Unlock()
+	if gone {
+		ex.cancel()
+	}
 	c.begun.Store(s.rounds.Load() + 1)
 	s.active.Add(1)
 	s.started.Add(1)
@@ -955,6 +973,25 @@ func (c *serverConn) backgroundRead(cancel context.CancelFunc, done chan struct{
 	case c.aborting:
 	case err != nil:
 		c.left = true
+		cancel()
+	}
+}
+
+// detached is BaseContext's values and deadline without its end, which
+// reaches requests through baseDone.
+type detached struct{ context.Context }
+
+func (detached) Done() <-chan struct{} { return nil }
+func (detached) Err() error            { return nil }
+
+// baseDone cancels the request under way, and the next ones, when
+// BaseContext ends.
+func (c *serverConn) baseDone() {
+	c.mu.Lock()
+	c.baseGone = true
+	cancel := c.cancel
+	c.mu.Unlock()
+	if cancel != nil {
 		cancel()
 	}
 }
