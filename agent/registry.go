@@ -351,5 +351,5 @@ func (g *gatewayModels) QueueDepth(model string) int {
 	if !ok {
 		return 0
 	}
-	return m.Snapshot().QueueDepth
+	return m.QueueDepth()
 }

@@ -552,7 +552,7 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 		// stack.
 		c.out = *r.WithContext(octx)
 		out = &c.out
-		c.outbound(out, r)
+		c.outbound(out, r, true)
 	}
 	out.TransferEncoding = nil
 	up.attach(out, served, plain)

@@ -182,8 +182,9 @@ func TestGateway_CutAnswerIsNeitherStoredNorEndedAsComplete(t *testing.T) {
 
 // A request whose connection was refused never reached the engine: it is
 // handed back to the model and waits for the next instance instead of
-// failing with 502, its body sent again whole; the lease is still ended
-// once. Through net/http's transport and napd's h1.
+// failing with 502, its body sent again whole and its header as the first
+// attempt's; the lease is still ended once. Through net/http's transport
+// and napd's h1.
 func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 	engine := &okEngine{}
 	e := newEnv(t, engine.ServeHTTP, Options{})
@@ -203,9 +204,15 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 			}
 			return t, nil
 		}
-		resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1","n":1}`, nil)
+		resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1","n":1}`,
+			map[string]string{"Cookie": "a=1", "X-Forwarded-For": "10.9.9.9", "Connection": "X-Hop", "X-Hop": "1", "X-Kept": "yes"})
 		if resp.StatusCode != http.StatusOK || string(b) != `{"ok":true}` {
 			t.Fatalf("rerouted request: %d %s", resp.StatusCode, b)
+		}
+		// The header made for the first attempt.
+		if h := engine.seen()[len(engine.seen())-1].header; h["Cookie"] != nil || h["X-Hop"] != nil ||
+			len(h["X-Forwarded-For"]) != 1 || h.Get("X-Forwarded-For") != "127.0.0.1" || h.Get("X-Kept") != "yes" {
+			t.Errorf("the rerouted request's header: %v", h)
 		}
 		if reroutes.Load() != 1 || resp.Header.Get(HeaderWakeMs) != "250" {
 			t.Errorf("%d reroutes, %s %q", reroutes.Load(), HeaderWakeMs, resp.Header.Get(HeaderWakeMs))

@@ -219,8 +219,11 @@ func (c *call) interim(code int, header textproto.MIMEHeader) error {
 // request for the engine: its URL and headers are out's own. What
 // ReverseProxy (with SetURL and SetXForwarded) did to them is done here
 // in one pass over in's headers, whose values are shared, not copied
-// (capped at their length, and nothing changes a value in place).
-func (c *call) outbound(out, in *http.Request) {
+// (capped at their length, and nothing changes a value in place). own:
+// in's header map becomes out's, edited (nothing reads in's header once
+// the request is made; called once per call); else out gets a map of its
+// own.
+func (c *call) outbound(out, in *http.Request, own bool) {
 	u := &c.outURL
 	*u = *in.URL
 	u.Scheme, u.Host = c.ticket.Target.Scheme, c.ticket.Target.Host
@@ -245,15 +248,27 @@ func (c *call) outbound(out, in *http.Request) {
 	for f := range tokens(in.Header["Connection"]) {
 		named = append(named, http.CanonicalHeaderKey(f))
 	}
-	h := make(http.Header, len(in.Header)+3)
-	for k, vv := range in.Header {
-		if c.dropped(k) || slices.Contains(named, k) {
-			continue
+	trailers := hasToken(in.Header["Te"], "trailers")
+	var h http.Header
+	if own && in.Header != nil {
+		// Edited in place: one map and its groups less per request.
+		h = in.Header
+		for k := range h {
+			if c.dropped(k) || slices.Contains(named, k) {
+				delete(h, k)
+			}
 		}
-		h[k] = vv[:len(vv):len(vv)]
+	} else {
+		h = make(http.Header, len(in.Header)+3)
+		for k, vv := range in.Header {
+			if c.dropped(k) || slices.Contains(named, k) {
+				continue
+			}
+			h[k] = vv[:len(vv):len(vv)]
+		}
 	}
 	// Backends that care may send trailers when the client said it takes them.
-	if hasToken(in.Header["Te"], "trailers") {
+	if trailers {
 		h["Te"] = teTrailers
 	}
 	fwd := &c.forwarded
@@ -485,7 +500,7 @@ func (c *call) failed(ctx context.Context, err error) {
 func (g *Gateway) newUpgrades() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			callOf(pr.In.Context()).outbound(pr.Out, pr.In)
+			callOf(pr.In.Context()).outbound(pr.Out, pr.In, false)
 			pr.Out.Header.Set("Connection", "Upgrade")
 			pr.Out.Header.Set("Upgrade", upgradeType(pr.In.Header))
 		},

@@ -269,6 +269,10 @@ func (m *Model) Name() string { return m.name }
 // Snapshot is the model's last published state.
 func (m *Model) Snapshot() Snapshot { return m.snap.Load().snapshot() }
 
+// QueueDepth is Snapshot().QueueDepth without the copy of the rest (each
+// answer's X-Queue-Depth reads it).
+func (m *Model) QueueDepth() int { return m.snap.Load().queueDepth }
+
 // Run is the owner loop; it returns after Shutdown, having closed the
 // engine links.
 func (m *Model) Run() {
