@@ -27,7 +27,8 @@ type UsageScanner struct {
 	state    scanState
 	matched  int    // bytes of usageKey matched so far (stateKey)
 	prevEsc  bool   // the byte before the match was a backslash
-	obj      []byte // the object being captured (stateObject)
+	obj      []byte // the object being captured (stateObject): in room when it fits
+	room     [256]byte
 	depth    int
 	inString bool
 	escape   bool
@@ -66,8 +67,9 @@ func (s *UsageScanner) Write(p []byte) (int, error) {
 			case s.state == stateValue && c == '{':
 				s.state, s.depth, s.inString, s.escape = stateObject, 1, false, false
 				if s.obj == nil {
-					// Room for a usual object at once: one allocation.
-					s.obj = make([]byte, 0, 256)
+					// A usual object fits the scanner's own room (not to
+					// be copied while in use).
+					s.obj = s.room[:0]
 				}
 				s.obj = append(s.obj[:0], '{')
 			default:
