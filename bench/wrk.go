@@ -423,8 +423,8 @@ counts) on the 2-core machine above, beside the Go floor:
   with the engine on one thread, as the single event loop of vLLM's and
   SGLang's API servers, napd measured 0.43-0.44× direct and 0.73-0.74×
   nginx in rounds interleaved with the two-thread engine's 0.39× and
-  0.62×: napd's own throughput rose by about a sixth, direct's and
-  nginx's by a few percent.
+  0.62×: napd's own throughput rose by 11-15 %, direct's and nginx's
+  moved by a few percent either way.
 - What napd does about it. Its own HTTP/1.1 server and engine client
   (` + "`internal/h1`" + `, docs/gateway.md): a request is read, handled,
   forwarded and answered on its connection's goroutine, with none of
