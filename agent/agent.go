@@ -81,6 +81,8 @@ type Agent struct {
 	endControl context.CancelFunc
 	clock      func() time.Time
 	started    time.Time
+	// stopping turns every agent check answer to drain (tellBalancers).
+	stopping atomic.Bool
 
 	cfg     atomic.Pointer[config.Config]
 	reg     atomic.Pointer[registry]
@@ -215,6 +217,7 @@ func Run(ctx context.Context, opts Options) error {
 		case <-ctx.Done():
 			a.notify.stopping()
 			log.Info("napd stopping", "grace", opts.ShutdownGrace)
+			a.tellBalancers(srv, opts.ShutdownGrace)
 			srv.shutdown(opts.ShutdownGrace)
 			cancel()
 			a.stopModels()

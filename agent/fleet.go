@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agentcheck"
 )
 
@@ -33,13 +36,50 @@ func (a *Agent) agentCheckStatus(name string) (agentcheck.Status, bool) {
 	if !ok {
 		return agentcheck.Status{}, false
 	}
-	s := m.Snapshot()
+	return balancerStatus(m.Snapshot(), a.stopping.Load()), true
+}
+
+// balancerStatus is what a balancer is told of a model in snapshot s; a
+// stopping napd drains every model.
+func balancerStatus(s model.Snapshot, stopping bool) agentcheck.Status {
 	health := balancerHealth(s.Lifecycle)
 	state := s.Lifecycle.State.String()
 	if s.Lifecycle.RoomWait {
 		state = "waiting for room"
 	}
-	return agentcheck.Status{Health: health, State: state, QueueDepth: s.QueueDepth}, true
+	if stopping {
+		health, state = agentcheck.Draining, "napd stopping"
+	}
+	return agentcheck.Status{Health: health, State: state, QueueDepth: s.QueueDepth}
+}
+
+// Bounds of tellBalancers: HAProxy asks every agent-inter (2 s by
+// default, 1 s in docs/examples/haproxy.cfg).
+const (
+	askedLately      = 5 * time.Second // a balancer that asked within it is waited for
+	tellBalancersFor = 5 * time.Second // at most, and within the shutdown grace
+)
+
+// tellBalancers turns every agent check answer to drain and waits until
+// each balancer that asked lately has asked again, before the gateway
+// stops listening: HAProxy then sends this host no new request. A
+// connection refused by a stopped host is retried at once, on the same
+// host as long as HAProxy still counts it up (its health check takes a
+// second or two to see it down), so without this the requests of that
+// moment failed.
+func (a *Agent) tellBalancers(s *servers, grace time.Duration) {
+	if s.agentCheck == nil {
+		return
+	}
+	a.stopping.Store(true)
+	since := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), min(grace, tellBalancersFor))
+	defer cancel()
+	if err := s.agentCheck.AskedAgain(ctx, since, askedLately); err != nil {
+		a.log.Warn("stopping before every balancer asked again and was told to drain", "waited", time.Since(since).Round(time.Millisecond))
+		return
+	}
+	a.log.Info("balancers told to drain", "waited", time.Since(since).Round(time.Millisecond))
 }
 
 // balancerHealth is the one place that decides what a balancer is told

@@ -6,6 +6,7 @@ import (
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agentcheck"
 )
 
@@ -33,6 +34,26 @@ func TestBalancerHealth_EveryState(t *testing.T) {
 	}
 	if got := balancerHealth(lifecycle.Snapshot{State: lifecycle.Waking, RoomWait: true}); got != agentcheck.Draining {
 		t.Errorf("balancerHealth(waking for room) = %d, want Draining", got)
+	}
+}
+
+// A stopping napd tells balancers to drain every model, whatever its
+// state, and keeps reporting its queue.
+func TestBalancerStatus_Stopping(t *testing.T) {
+	awake := model.Snapshot{Lifecycle: lifecycle.Snapshot{State: lifecycle.Awake}, QueueDepth: 3}
+	if got := balancerStatus(awake, false); got != (agentcheck.Status{Health: agentcheck.Serving, State: "awake", QueueDepth: 3}) {
+		t.Errorf("awake: %+v", got)
+	}
+	for _, s := range lifecycle.States() {
+		snap := awake
+		snap.Lifecycle.State = s
+		if got := balancerStatus(snap, true); got != (agentcheck.Status{Health: agentcheck.Draining, State: "napd stopping", QueueDepth: 3}) {
+			t.Errorf("%s while stopping: %+v", s, got)
+		}
+	}
+	room := model.Snapshot{Lifecycle: lifecycle.Snapshot{State: lifecycle.Waking, RoomWait: true}}
+	if got := balancerStatus(room, false); got.Health != agentcheck.Draining || got.State != "waiting for room" {
+		t.Errorf("waking for room: %+v", got)
 	}
 }
 

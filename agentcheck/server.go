@@ -2,6 +2,7 @@ package agentcheck
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -52,7 +53,18 @@ type Server struct {
 	open   map[io.Closer]struct{} // listeners and connections, closed by Close
 	closed bool
 	wg     sync.WaitGroup // one per tracked listener or connection
+	// asked is when each request answered was answered the last two
+	// times (at most maxAsked of them); answered is closed and replaced at
+	// each answer.
+	asked    map[Request]askedAt
+	answered chan struct{}
 }
+
+type askedAt struct{ prev, last time.Time }
+
+// maxAsked bounds the requests AskedAgain keeps track of: a balancer asks
+// a few per model; a client sending endless others is not followed.
+const maxAsked = 1024
 
 // New returns a server that answers from lookup.
 func New(lookup Lookup, o Options) *Server {
@@ -66,7 +78,7 @@ func New(lookup Lookup, o Options) *Server {
 		o.MaxConns = DefaultMaxConns
 	}
 	s := &Server{lookup: lookup, opts: o, log: o.Logger, slots: make(chan struct{}, o.MaxConns),
-		open: make(map[io.Closer]struct{})}
+		open: make(map[io.Closer]struct{}), asked: make(map[Request]askedAt), answered: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -122,6 +134,8 @@ func (s *Server) serveConn(c net.Conn) {
 	_ = c.SetDeadline(time.Now().Add(s.opts.ReadTimeout))
 	line, err := readLine(c, s.opts.MaxLine)
 	var answer string
+	var req Request
+	asked := false
 	switch {
 	case errors.Is(err, errTooLong):
 		answer = refusal(err)
@@ -130,15 +144,59 @@ func (s *Server) serveConn(c net.Conn) {
 		s.log.Debug("agent check without a request line", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	default:
-		req, perr := ParseRequest(line)
-		if perr != nil {
+		var perr error
+		if req, perr = ParseRequest(line); perr != nil {
 			answer = refusal(perr)
 		} else {
 			st, ok := s.lookup(req.Model)
-			answer = Answer(req, st, ok)
+			answer, asked = Answer(req, st, ok), true
 		}
 	}
-	_, _ = io.WriteString(c, answer)
+	if _, err := io.WriteString(c, answer); err == nil && asked {
+		s.heard(req)
+	}
+}
+
+// heard notes that req was just answered.
+func (s *Server) heard(req Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.asked[req]
+	if !ok && len(s.asked) >= maxAsked {
+		return
+	}
+	s.asked[req] = askedAt{prev: at.last, last: time.Now()}
+	close(s.answered)
+	s.answered = make(chan struct{})
+}
+
+// AskedAgain returns once every request asked over and over (twice, at
+// most lookback apart, the second time within lookback before since) has
+// been answered again since, or with ctx's error when ctx ends first. A
+// stopping napd calls it after its answers turned to drain: each balancer
+// checking it has then been told before the gateway closes; a one-off
+// question (an operator's) is not waited for.
+func (s *Server) AskedAgain(ctx context.Context, since time.Time, lookback time.Duration) error {
+	for {
+		s.mu.Lock()
+		waiting := false
+		for _, at := range s.asked {
+			if at.last.Before(since) && !at.last.Before(since.Add(-lookback)) && !at.prev.IsZero() && at.last.Sub(at.prev) <= lookback {
+				waiting = true
+				break
+			}
+		}
+		answered := s.answered
+		s.mu.Unlock()
+		if !waiting {
+			return nil
+		}
+		select {
+		case <-answered:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 var errTooLong = errors.New("request line too long")

@@ -1,6 +1,7 @@
 package agentcheck
 
 import (
+	"context"
 	"io"
 	"net"
 	"strings"
@@ -198,6 +199,58 @@ func TestServer_CloseEndsConnections(t *testing.T) {
 		}
 		if err := s.Serve(newPipeListener()); err != net.ErrClosed {
 			t.Errorf("Serve after Close = %v, want net.ErrClosed", err)
+		}
+	})
+}
+
+// TestServer_AskedAgain: AskedAgain waits until every request asked over
+// and over lately has been answered again; one asked only before the
+// lookback, or only once, is not waited for; ctx ends the wait.
+func TestServer_AskedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := New(testModels, Options{})
+		l := serveInBubble(t, s)
+		ask(t, l.dial(), "s\n") // long before: outside the lookback
+		ask(t, l.dial(), "s\n")
+		time.Sleep(time.Minute)
+		for range 2 { // as a balancer asks, every second
+			ask(t, l.dial(), "a\n")
+			ask(t, l.dial(), "s awake\n")
+			time.Sleep(time.Second)
+		}
+		ask(t, l.dial(), "zz\n") // once: an operator's question
+		time.Sleep(time.Second)
+		since := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- s.AskedAgain(context.Background(), since, 10*time.Second) }()
+		pending := func(what string) {
+			synctest.Wait()
+			select {
+			case err := <-done:
+				t.Fatalf("AskedAgain returned (%v) %s", err, what)
+			default:
+			}
+		}
+		pending("before anything was asked again")
+		ask(t, l.dial(), "a\n")
+		pending("with `s awake` not asked again")
+		ask(t, l.dial(), "s awake\n")
+		synctest.Wait()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("AskedAgain = %v", err)
+			}
+		default:
+			t.Fatal("AskedAgain still waits after every request was asked again")
+		}
+
+		time.Sleep(time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		start := time.Now()
+		if err := s.AskedAgain(ctx, time.Now(), 10*time.Second); err != context.DeadlineExceeded || time.Since(start) != 3*time.Second {
+			t.Errorf("AskedAgain with nobody asking = %v after %v, want the deadline after 3s", err, time.Since(start))
 		}
 	})
 }

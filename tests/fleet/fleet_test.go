@@ -291,6 +291,10 @@ func TestFleet(t *testing.T) {
 		waitFor(t, func() string { return "requests served by host1 before it stops: " + counts() },
 			func() bool { return servedBy("host1") >= 4 })
 		host1.napd.Stop()
+		// It told HAProxy to drain before its gateway stopped listening.
+		if !strings.Contains(host1.napd.Log(), "balancers told to drain") {
+			t.Errorf("host1 stopped without HAProxy asking again and being told to drain:\n%s", host1.napd.Log())
+		}
 		waitFor(t, func() string { return "requests served by host2 after host1 stopped: " + counts() },
 			func() bool { return servedBy("host2") >= 8 })
 		halt()
