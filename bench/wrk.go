@@ -413,12 +413,14 @@ counts) on the 2-core machine above, beside the Go floor:
   0.33 thread switches. napd's requests reach the engine spaced by
   napd's per-request work on its one thread; between two, the engine's
   threads run out of work, sleep, and are woken again. The floor made
-  to spin 6 µs per request before it forwards (its user time then
-  napd's) fell to napd's throughput, and its engine's CPU per request
-  rose to napd's engine's (two interleaved rounds: 15.5k and 12.6k
-  req/s against napd's 15.1k and 11.9k, engine 46-61 µs against 46-58):
-  napd's own user time is the whole of the gap, and each microsecond of
-  it costs about 2-3 % of the throughput at 32 connections. The engine's
+  to spin 6 or 12 µs per request before it forwards (its user time then
+  about napd's) fell to napd's throughput, and its engine's CPU per
+  request rose to napd's engine's (two interleaved rounds: 14.9k and
+  15.5k req/s against napd's 15.1k, then 12.6k and 11.9k against 11.9k;
+  engine 46-61 µs against napd's engine's 46-58, 39-41 behind the plain
+  floor): napd's own user time is the whole of the gap, and each
+  microsecond of it costs about 2-3 % of the throughput at 32
+  connections. The engine's
   threading matters as much ("The same with a one-thread engine" above):
   with the engine on one thread, as the single event loop of vLLM's and
   SGLang's API servers, napd measured 0.43-0.44× direct and 0.73-0.74×
