@@ -503,7 +503,7 @@ func (c *call) replay(t *Ticket) {
 	}
 	h.Set(HeaderReplayed, "true")
 	h.Set("Content-Length", strconv.Itoa(len(t.Replay.Body)))
-	c.setModelHeaders(c.w.Header())
+	c.setModelHeaders(headerFields(c.w.Header()))
 	status := t.Replay.Status
 	if status == 0 {
 		status = http.StatusOK
@@ -746,7 +746,7 @@ func (c *call) writeValue(status int, v any) {
 }
 
 func (c *call) writeJSON(status int, b []byte) {
-	c.setModelHeaders(c.w.Header())
+	c.setModelHeaders(headerFields(c.w.Header()))
 	h := c.w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
@@ -756,12 +756,17 @@ func (c *call) writeJSON(status int, b []byte) {
 
 // setModelHeaders adds X-Queue-Depth (unless the engine set it) and
 // X-Napd-Wake-Ms to the headers of a reply for a known model.
-func (c *call) setModelHeaders(h http.Header) {
+func (c *call) setModelHeaders(h fields) {
 	if c.model == "" {
 		return
 	}
-	if headerValue(h, HeaderQueueDepth) == "" {
-		h[HeaderQueueDepth] = depthValue(c.g.models.QueueDepth(c.model))
+	if h.Get(HeaderQueueDepth) == "" {
+		vv := depthValue(c.g.models.QueueDepth(c.model))
+		if m, ok := h.(headerFields); ok {
+			m[HeaderQueueDepth] = vv
+		} else {
+			h.Add(HeaderQueueDepth, vv[0])
+		}
 	}
 	if c.wake > 0 {
 		h.Set(HeaderWakeMs, strconv.FormatInt(c.wake.Milliseconds(), 10))
@@ -769,8 +774,8 @@ func (c *call) setModelHeaders(h http.Header) {
 }
 
 // depthValues are the X-Queue-Depth values of the usual depths, made once:
-// h.Set would allocate a slice per reply. Header values are only read, and
-// an Add to one of these (capacity 1) appends to a copy.
+// h.Set would allocate a slice (and a string) per reply. Header values are
+// only read, and an Add to one of these (capacity 1) appends to a copy.
 var depthValues = func() [][]string {
 	v := make([][]string, 64)
 	for n := range v {

@@ -3,11 +3,13 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,6 +108,59 @@ func TestForward_Headers(t *testing.T) {
 			e.models.outcome()
 		})
 	}
+}
+
+// Sent by napd's h1 Transport and answered by its h1 Server, the engine's
+// answer's fields go on as they came (an h1.Head, no header map), in
+// their order, edited as any answer is: hop-by-hop fields and those
+// Connection names dropped, an engine's 503 sent as 502 with
+// X-Napd-Engine-Status, X-Queue-Depth added.
+func TestForward_HeadPassedOn(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h.Set("Connection", "X-Drop")
+		h.Set("X-Drop", "1")
+		h.Set("Keep-Alive", "timeout=5")
+		h.Set("Content-Type", "application/json")
+		h["X-Multi"] = []string{"a", "b"}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"error":"busy"}`)
+	}, Options{})
+	e.models.transport = &h1.Transport{}
+	nc, err := net.Dial("tcp", strings.TrimPrefix(serveByH1(t, e.gw), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	body := `{"model":"m1"}`
+	fmt.Fprintf(nc, "POST /v1/completions HTTP/1.1\r\nHost: napd\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	br := bufio.NewReader(nc)
+	var names []string
+	status, err := br.ReadString('\n')
+	for err == nil {
+		var line string
+		if line, err = br.ReadString('\n'); line == "\r\n" {
+			break
+		}
+		name, _, _ := strings.Cut(line, ":")
+		names = append(names, name)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := br.Peek(len(`{"error":"busy"}`))
+	if !strings.HasPrefix(status, "HTTP/1.1 502 ") || string(rest) != `{"error":"busy"}` {
+		t.Fatalf("%q %q", status, rest)
+	}
+	// The engine (net/http's server) writes its handler's fields sorted,
+	// then Date and Content-Length; napd's come after.
+	want := []string{"Content-Type", "X-Multi", "X-Multi", "Date", "Content-Length", HeaderEngineStatus, HeaderQueueDepth}
+	if !slices.Equal(names, want) {
+		t.Errorf("fields %q, want %q", names, want)
+	}
+	e.models.outcome()
 }
 
 // An engine's 1xx answer reported by the transport (net/http's) reaches

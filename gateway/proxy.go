@@ -37,7 +37,7 @@ const maxStored = 1 << 20
 // the in-memory body goes to the transport as it is, so it leaves in one
 // write with the head.
 func (c *call) send(ctx context.Context, out *http.Request) {
-	resp, err := c.roundTrip(out)
+	resp, head, err := c.roundTrip(out, c.passesHead())
 	if c.trace.Got1xxResponse != nil {
 		c.traceMu.Lock()
 		c.traceDone = true
@@ -47,26 +47,25 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 		c.failed(ctx, err)
 		return
 	}
+	var f fields = headerFields(resp.Header)
+	if head != nil {
+		f = head
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Only an upgrade request (g.upgrades) may be switched.
-		_ = c.answer(resp)
+		_ = c.answer(resp, f)
 		_ = resp.Body.Close()
 		c.failed(ctx, fmt.Errorf("backend tried to switch protocol %q when %q was requested", upgradeType(resp.Header), ""))
 		return
 	}
-	removeHopByHop(resp.Header)
-	if err := c.answer(resp); err != nil {
+	removeHopByHop(f)
+	if err := c.answer(resp, f); err != nil {
 		_ = resp.Body.Close()
 		c.failed(ctx, err)
 		return
 	}
-	h := resp.Header
-	if !c.takesHeader(resp) {
-		h = c.w.Header()
-		for k, vv := range resp.Header {
-			addValues(h, k, vv)
-		}
-	}
+	stream := resp.ContentLength == -1 || isEventStream(f.Get("Content-Type"))
+	f = c.handOver(resp, head, f)
 	// The Trailer header is not in the transport's answer: it is
 	// announced from the trailers the answer declared.
 	announced := len(resp.Trailer)
@@ -75,10 +74,10 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 		for k := range resp.Trailer {
 			keys = append(keys, k)
 		}
-		h.Add("Trailer", strings.Join(keys, ", "))
+		f.Add("Trailer", strings.Join(keys, ", "))
 	}
 	c.w.WriteHeader(resp.StatusCode)
-	if err := c.copyAnswer(resp); err != nil {
+	if err := c.copyAnswer(resp, stream); err != nil {
 		defer resp.Body.Close()
 		// Mid-answer, all that is left is to cut the client's connection,
 		// under a server that recovers the panic (as ReverseProxy does).
@@ -94,32 +93,88 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 		// otherwise go out with a Content-Length).
 		_ = c.w.rc.Flush()
 	}
-	if len(resp.Trailer) == announced {
-		for k, vv := range resp.Trailer {
-			addValues(h, k, vv)
-		}
-		return
+	prefix := ""
+	if len(resp.Trailer) != announced {
+		prefix = http.TrailerPrefix
 	}
 	for k, vv := range resp.Trailer {
-		addValues(h, http.TrailerPrefix+k, vv)
+		for _, v := range vv {
+			f.Add(prefix+k, v)
+		}
 	}
 }
 
-// headerTaker is a ResponseWriter that takes a header handed over
-// (napd's h1 server's).
-type headerTaker interface {
-	TakeHeader(h http.Header) bool
+// fields is an answer's header as the proxy reads and edits it: the
+// engine's answer's h1.Head, passed on as it came, or an http.Header.
+// Names are canonical.
+type fields interface {
+	Get(k string) string
+	Values(k string) []string
+	Del(k string)
+	DelFunc(drop func(k string) bool)
+	Set(k, v string)
+	Add(k, v string)
 }
 
-// takesHeader hands the engine's answer's header over to the client's
-// answer, where nothing asked for its header yet: napd's h1 Transport
-// (and net/http's it hands some requests to) reads names in canonical
-// form, so the header is what copying it field by field would make,
-// without that header's two allocations. Nothing reads the engine's
-// header after.
-func (c *call) takesHeader(resp *http.Response) bool {
-	t, ok := c.w.ResponseWriter.(headerTaker)
-	return ok && sentByH1(c.ticket) && t.TakeHeader(resp.Header)
+// headerFields is an http.Header as fields.
+type headerFields http.Header
+
+func (h headerFields) Get(k string) string      { return headerValue(http.Header(h), k) }
+func (h headerFields) Values(k string) []string { return h[k] }
+func (h headerFields) Del(k string)             { delete(h, k) }
+func (h headerFields) Set(k, v string)          { http.Header(h).Set(k, v) }
+func (h headerFields) Add(k, v string)          { http.Header(h).Add(k, v) }
+
+func (h headerFields) DelFunc(drop func(k string) bool) {
+	for k := range h {
+		if drop(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// headTaker is a ResponseWriter that takes a header handed over (napd's
+// h1 server's).
+type headTaker interface {
+	TakeHeader(h http.Header) bool
+	TakeHead(h *h1.Head) bool
+}
+
+// passesHead reports whether the engine's answer is read as an h1.Head,
+// to be handed over to the client's answer as it is (handOver): sent by
+// napd's h1 Transport, answered by napd's h1 Server, and its fields not
+// needed afterwards (a captured answer keeps them) nor the body changed
+// (a renamed model's), nor its status already sent (early).
+func (c *call) passesHead() bool {
+	_, ok := c.w.ResponseWriter.(headTaker)
+	return ok && sentByH1(c.ticket) && c.served == "" && !c.w.capture && !c.w.early
+}
+
+// handOver hands the engine's answer's fields over to the client's
+// answer, where nothing asked for its header yet, and returns them as
+// the client's answer has them: as the Head they came in, or else as an
+// http.Header. napd's h1 Transport (and net/http's it hands some
+// requests to) reads names in canonical form, so the header is what
+// copying it field by field would make, without that header's two
+// allocations. Nothing reads the engine's header after.
+func (c *call) handOver(resp *http.Response, head *h1.Head, f fields) fields {
+	t, ok := c.w.ResponseWriter.(headTaker)
+	if head != nil {
+		// Trailers the answer declares need the header (TakeHead's
+		// refusals are the server's).
+		if len(resp.Trailer) == 0 && t.TakeHead(head) {
+			return f
+		}
+		resp.Header = head.Header()
+	}
+	if ok && sentByH1(c.ticket) && t.TakeHeader(resp.Header) {
+		return headerFields(resp.Header)
+	}
+	h := c.w.Header()
+	for k, vv := range resp.Header {
+		addValues(h, k, vv)
+	}
+	return headerFields(h)
 }
 
 // headerValue is h.Get(k) for a canonical k, as every key napd asks for is: Get
@@ -148,8 +203,7 @@ func addValues(h http.Header, k string, vv []string) {
 // unknown length) has its headers and each write flushed at once; an
 // answer of known length is not flushed per write (a flush would send
 // its headers in a write of their own: docs/bench.md).
-func (c *call) copyAnswer(resp *http.Response) error {
-	stream := resp.ContentLength == -1 || isEventStream(headerValue(resp.Header, "Content-Type"))
+func (c *call) copyAnswer(resp *http.Response, stream bool) error {
 	if stream {
 		_ = c.w.rc.Flush()
 	}
@@ -328,13 +382,11 @@ var hopByHop = []string{
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-func removeHopByHop(h http.Header) {
-	for f := range tokens(h["Connection"]) {
-		h.Del(f)
+func removeHopByHop(h fields) {
+	for f := range tokens(h.Values("Connection")) {
+		h.Del(textproto.CanonicalMIMEHeaderKey(f))
 	}
-	for _, k := range hopByHop {
-		delete(h, k)
-	}
+	h.DelFunc(func(k string) bool { return slices.Contains(hopByHop, k) })
 }
 
 // hasToken reports whether a comma-separated list in vv holds token, in
@@ -435,23 +487,24 @@ func isHex(c byte) bool {
 
 // answer prepares the engine's answer for the client (ReverseProxy's
 // ModifyResponse).
-func (c *call) answer(resp *http.Response) error {
+// f is its header.
+func (c *call) answer(resp *http.Response, f fields) error {
 	if resp.StatusCode == http.StatusServiceUnavailable && !refusesBeforeWork(c.ticket.Transport) {
 		// napd's own 503 promises that no engine saw the request,
 		// so a balancer may retry it on another host. An engine's
 		// 503 may come after work began: it goes out as 502.
 		resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
-		resp.Header.Set(HeaderEngineStatus, "503")
+		f.Set(HeaderEngineStatus, "503")
 	}
-	c.setModelHeaders(resp.Header)
+	c.setModelHeaders(f)
 	c.w.now = c.g.now
 	if c.corsAllowed {
-		dropEngineCORS(resp.Header)
+		dropEngineCORS(f)
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil
 	}
-	c.watched = watchedBody{ReadCloser: resp.Body, c: c, end: endingOf(resp)}
+	c.watched = watchedBody{ReadCloser: resp.Body, c: c, end: endingOf(resp, f)}
 	resp.Body = &c.watched
 	if c.served != "" {
 		return c.mapAnswer(resp)
@@ -508,7 +561,7 @@ func (g *Gateway) newUpgrades() *httputil.ReverseProxy {
 		BufferPool: bufferPool{},
 		ErrorLog:   slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		ModifyResponse: func(resp *http.Response) error {
-			return callOf(resp.Request.Context()).answer(resp)
+			return callOf(resp.Request.Context()).answer(resp, headerFields(resp.Header))
 		},
 		ErrorHandler: func(_ http.ResponseWriter, r *http.Request, err error) {
 			callOf(r.Context()).failed(r.Context(), err)
@@ -520,7 +573,8 @@ func (g *Gateway) newUpgrades() *httputil.ReverseProxy {
 type callTransport struct{}
 
 func (callTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	return callOf(req.Context()).roundTrip(req)
+	resp, _, err := callOf(req.Context()).roundTrip(req, false)
+	return resp, err
 }
 
 // RefusingTransport is a Ticket.Transport whose 503s are refusals made
@@ -543,27 +597,37 @@ const maxReroutes = 3
 // connection was refused never reached the engine: it is handed back to
 // the model (Ticket.Reroute) to wait for the next verified engine instance
 // within its deadline, instead of failing with 502.
-func (c *call) roundTrip(req *http.Request) (*http.Response, error) {
+//
+// asHead: an answer napd's h1 Transport reads comes with its fields as an
+// h1.Head, not in its Header (h1's RoundTripHead).
+func (c *call) roundTrip(req *http.Request, asHead bool) (*http.Response, *h1.Head, error) {
 	for n := 0; ; n++ {
 		rt := c.ticket.Transport
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
-		resp, err := rt.RoundTrip(req)
+		var resp *http.Response
+		var head *h1.Head
+		var err error
+		if t, ok := rt.(*h1.Transport); ok && asHead {
+			resp, head, err = t.RoundTripHead(req)
+		} else {
+			resp, err = rt.RoundTrip(req)
+		}
 		if err == nil || n == maxReroutes || c.ticket.Reroute == nil || faultOf(err) != FaultRefused || req.Context().Err() != nil {
-			return resp, err
+			return resp, head, err
 		}
 		c.g.log.Info("engine refused the connection: the request waits for the next engine instance",
 			slog.String("model", c.model), slog.Any("error", err))
 		t, rerr := c.ticket.Reroute(req.Context())
 		if rerr != nil {
-			return nil, rerr
+			return nil, nil, rerr
 		}
 		c.wake += t.WakeWait
 		t.Done, t.Reroute = c.ticket.Done, c.ticket.Reroute
 		c.ticket = t
 		if req, err = retarget(req, t.Target); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 }
@@ -647,11 +711,11 @@ type ending struct {
 
 const sseTail = 128
 
-func endingOf(resp *http.Response) *ending {
+func endingOf(resp *http.Response, f fields) *ending {
 	if resp.ContentLength >= 0 || slices.Contains(resp.TransferEncoding, "chunked") {
 		return nil // framed: a cut shows as a read error
 	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	mt, _, _ := mime.ParseMediaType(f.Get("Content-Type"))
 	switch {
 	case mt == "text/event-stream":
 		return &ending{sse: true}

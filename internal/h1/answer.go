@@ -33,8 +33,9 @@ var (
 const headStack = 1 << 10
 
 // readAnswer reads the head of req's answer from br and frames its body,
-// as http.ReadResponse does.
-func readAnswer(br *bufio.Reader, req *http.Request) (*answer, error) {
+// as http.ReadResponse does. asHead: its fields are read into the
+// answer's Head, not an http.Header (resp.Header is nil).
+func readAnswer(br *bufio.Reader, req *http.Request, asHead bool) (*answer, error) {
 	var stack [headStack]byte
 	raw, err := readHead(br, stack[:0])
 	if err != nil {
@@ -51,27 +52,40 @@ func readAnswer(br *bufio.Reader, req *http.Request) (*answer, error) {
 	if err := parseStatus(resp, strings.TrimSuffix(head[:nl], "\r")); err != nil {
 		return nil, err
 	}
-	if resp.Header, err = buildFields(head[nl+1:], fields, a.values[:]); err != nil {
-		return nil, err
+	var fs fieldSet
+	if asHead {
+		if err := a.head.init(head[nl+1:], fields, a.names[:0], a.values[:0]); err != nil {
+			return nil, err
+		}
+		fs = &a.head
+	} else {
+		if resp.Header, err = buildFields(head[nl+1:], fields, a.values[:]); err != nil {
+			return nil, err
+		}
+		fs = mapFields(resp.Header)
 	}
-	if err := frame(resp, br, &a.body); err != nil {
+	if err := frame(resp, fs, br, &a.body); err != nil {
 		return nil, err
 	}
 	return a, nil
 }
 
-// answer is an answer and its body, the Transport's body over that, and
-// the values of a small header, made in one allocation.
+// answer is an answer and its body, the Transport's body over that, its
+// Head when read as one, and the names and values of a small header, made
+// in one allocation.
 type answer struct {
 	resp   http.Response
 	body   answerBody
 	tb     body
+	head   Head
+	names  [answerValues]string
 	values [answerValues]string
 }
 
-// answerValues is the most header values an answer holds in itself; an
-// engine's answers have fewer (uvicorn's: about 5).
-const answerValues = 8
+// answerValues is the most header fields an answer holds in itself: an
+// engine's answers have fewer (uvicorn's: about 5), with room for the
+// few a proxy adds to a Head.
+const answerValues = 10
 
 // readHead reads a head, up to and with its first empty line, from br
 // into scratch (grown if need be), which it returns.
@@ -218,10 +232,9 @@ func buildFields(s string, n int, room []string) (http.Header, error) {
 		if line == "" {
 			return h, nil
 		}
-		k, v, _ := strings.Cut(line, ":")
-		v = trimOWS(v)
+		k, v := cutField(line)
 		if !validValue(v) {
-			return nil, fmt.Errorf("h1: malformed header line in the engine's answer: %q", line[:min(len(line), 80)])
+			return nil, malformedLine(line)
 		}
 		vv := h[k]
 		if vv == nil && len(values) > 0 {
@@ -232,6 +245,17 @@ func buildFields(s string, n int, room []string) (http.Header, error) {
 			h[k] = append(vv, v)
 		}
 	}
+}
+
+// cutField cuts a header line checkFields accepted into its name and its
+// value, trimmed.
+func cutField(line string) (k, v string) {
+	k, v, _ = strings.Cut(line, ":")
+	return k, trimOWS(v)
+}
+
+func malformedLine(line string) error {
+	return fmt.Errorf("h1: malformed header line in the engine's answer: %q", line[:min(len(line), 80)])
 }
 
 // trimOWS trims spaces and tabs (strings.Trim's cutset costs more).
@@ -264,26 +288,41 @@ func parseStatus(resp *http.Response, line string) error {
 
 func digit(c byte) bool { return '0' <= c && c <= '9' }
 
+// fieldSet is what frame and pragmaNoCache read and change of a header:
+// an http.Header's fields (mapFields) or a Head's. Names are canonical.
+type fieldSet interface {
+	Values(k string) []string // nil when there is none
+	Del(k string)
+	Set(k, v string)
+}
+
+// mapFields is an http.Header as a fieldSet.
+type mapFields http.Header
+
+func (h mapFields) Values(k string) []string { return h[k] }
+func (h mapFields) Del(k string)             { delete(h, k) }
+func (h mapFields) Set(k, v string)          { h[k] = []string{v} }
+
 // frame sets the answer's length, connection and trailer fields, and its
 // body (made in b) read from br, by net/http's rules (its readTransfer):
-// the same header fields removed, the same answers refused.
-func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
-	h := resp.Header
+// the same header fields removed (from h, resp's), the same answers
+// refused.
+func frame(resp *http.Response, h fieldSet, br *bufio.Reader, b *answerBody) error {
 	pragmaNoCache(h)
-	conn := h["Connection"]
+	conn := h.Values("Connection")
 	hasClose := hasToken(conn, "close")
 	if resp.ProtoMinor == 0 {
 		resp.Close = hasClose || !hasToken(conn, "keep-alive")
 	} else {
 		resp.Close = hasClose
 		if hasClose {
-			delete(h, "Connection")
+			h.Del("Connection")
 		}
 	}
 
 	chunked := false
-	if te, ok := h["Transfer-Encoding"]; ok {
-		delete(h, "Transfer-Encoding")
+	if te := h.Values("Transfer-Encoding"); te != nil {
+		h.Del("Transfer-Encoding")
 		// HTTP/1.0 has no Transfer-Encoding: ignored (net/http's issue 12785).
 		if resp.ProtoMinor > 0 {
 			// Only one, chunked: the surface of smuggling kept small.
@@ -295,7 +334,7 @@ func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
 	}
 
 	// Copies of one Content-Length are one; different ones are refused.
-	cl := h["Content-Length"]
+	cl := h.Values("Content-Length")
 	if len(cl) > 1 {
 		for _, v := range cl[1:] {
 			if v != cl[0] {
@@ -303,7 +342,7 @@ func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
 			}
 		}
 		cl = cl[:1:1]
-		h["Content-Length"] = cl
+		h.Set("Content-Length", cl[0])
 	}
 	n := int64(-1)
 	if len(cl) > 0 {
@@ -321,7 +360,7 @@ func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
 	case noBody:
 		length = 0
 	case chunked:
-		delete(h, "Content-Length")
+		h.Del("Content-Length")
 	case n >= 0:
 		length = n
 	}
@@ -330,8 +369,8 @@ func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
 		resp.ContentLength = n
 	}
 
-	if vv, ok := h["Trailer"]; ok && chunked {
-		delete(h, "Trailer")
+	if vv := h.Values("Trailer"); vv != nil && chunked {
+		h.Del("Trailer")
 		t, err := declaredTrailer(vv)
 		if err != nil {
 			return err
@@ -361,10 +400,10 @@ func frame(resp *http.Response, br *bufio.Reader, b *answerBody) error {
 // pragmaNoCache gives a "Pragma: no-cache" message the Cache-Control
 // HTTP/1.1 reads, when it has none, as net/http does for requests and
 // answers.
-func pragmaNoCache(h http.Header) {
-	if p := h["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
-		if _, ok := h["Cache-Control"]; !ok {
-			h["Cache-Control"] = []string{"no-cache"}
+func pragmaNoCache(h fieldSet) {
+	if p := h.Values("Pragma"); len(p) > 0 && p[0] == "no-cache" {
+		if h.Values("Cache-Control") == nil {
+			h.Set("Cache-Control", "no-cache")
 		}
 	}
 }

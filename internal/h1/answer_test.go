@@ -151,11 +151,51 @@ func TestReadAnswerFields(t *testing.T) {
 
 // readResponse is readAnswer with http.ReadResponse's signature.
 func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
-	a, err := readAnswer(br, req)
+	a, err := readAnswer(br, req, false)
 	if err != nil {
 		return nil, err
 	}
 	return &a.resp, nil
+}
+
+// readHeadResponse is readResponse with the fields read as a Head.
+func readHeadResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	a, err := readAnswer(br, req, true)
+	if err != nil {
+		return nil, err
+	}
+	return &a.resp, nil
+}
+
+// sameAsHead reads data as a Head and fails t unless that reading is the
+// http.Header one's (got, gerr): the same refusal, or the same fields,
+// in a Head whose Header is got's, and the same framing.
+func sameAsHead(t *testing.T, data []byte, req *http.Request, got *http.Response, gerr error) {
+	t.Helper()
+	a, err := readAnswer(bufio.NewReaderSize(bytes.NewReader(data), 4096), req, true)
+	if (err != nil) != (gerr != nil) {
+		t.Fatalf("%q: read as a Head: %v; as a header: %v", data, err, gerr)
+	}
+	if err != nil {
+		return
+	}
+	h := a.head.Header()
+	if len(got.Header) == 0 && len(h) == 0 {
+		h = got.Header // empty alike
+	}
+	if r := &a.resp; r.Header != nil || !reflect.DeepEqual(h, got.Header) || a.head.Len() != fieldCount(got.Header) ||
+		r.ContentLength != got.ContentLength || r.Close != got.Close || r.StatusCode != got.StatusCode ||
+		!reflect.DeepEqual(r.TransferEncoding, got.TransferEncoding) || !reflect.DeepEqual(r.Trailer, got.Trailer) {
+		t.Fatalf("%q: read as a Head %+v, fields %v; as a header %+v", data, r, h, got)
+	}
+}
+
+func fieldCount(h http.Header) int {
+	n := 0
+	for _, vv := range h {
+		n += len(vv)
+	}
+	return n
 }
 
 // compareAnswers reads data with readAnswer and http.ReadResponse and
@@ -167,6 +207,7 @@ func compareAnswers(t *testing.T, data []byte, req *http.Request) (refused bool)
 	wbr, gbr := bufio.NewReaderSize(bytes.NewReader(data), 4096), bufio.NewReaderSize(bytes.NewReader(data), 4096)
 	want, werr := http.ReadResponse(wbr, req)
 	got, gerr := readResponse(gbr, req)
+	sameAsHead(t, data, req, got, gerr)
 	if werr != nil {
 		if gerr == nil {
 			t.Fatalf("readAnswer read %q, which net/http refuses (%v)", data, werr)
@@ -277,7 +318,7 @@ func BenchmarkReadAnswer(b *testing.B) {
 	readers := []struct {
 		name string
 		read func(*bufio.Reader, *http.Request) (*http.Response, error)
-	}{{"h1", readResponse}, {"net-http", http.ReadResponse}}
+	}{{"h1", readResponse}, {"h1-head", readHeadResponse}, {"net-http", http.ReadResponse}}
 	req := &http.Request{Method: http.MethodPost}
 	for _, a := range engineAnswers {
 		for _, r := range readers {

@@ -82,6 +82,7 @@ func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
 func BenchmarkServerAnswer(b *testing.B) {
 	c := &serverConn{s: &Server{}, bodyDone: true}
 	c.nc = discardConn{}
+	c.rw = c.nc
 	c.cw.c = c
 	c.wd.nc, c.wd.write = c.nc, true
 	req := &http.Request{Method: http.MethodPost}

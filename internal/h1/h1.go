@@ -120,22 +120,39 @@ var errNothingWritten = errors.New("h1: nothing written")
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, _, err := t.roundTrip(req, false)
+	return resp, err
+}
+
+// RoundTripHead is RoundTrip for a proxy that passes the answer on: the
+// answer's fields come as a Head, for the Server to take over
+// (TakeHead), and its Header is nil. A request this Transport hands to
+// net/http's gets its answer as RoundTrip's, with a Header and no Head.
+func (t *Transport) RoundTripHead(req *http.Request) (*http.Response, *Head, error) {
+	return t.roundTrip(req, true)
+}
+
+func (t *Transport) roundTrip(req *http.Request, asHead bool) (*http.Response, *Head, error) {
 	if !t.handles(req) {
-		return t.fallbackFor().RoundTrip(req)
+		resp, err := t.fallbackFor().RoundTrip(req)
+		return resp, nil, err
 	}
 	for try := 0; ; try++ {
 		c, err := t.get(req.Context(), req.URL.Host)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		resp, err := t.send(c, req)
+		a, err := t.send(c, req, asHead)
 		if req.Body != nil {
 			// Sent (or failed): closed, as a RoundTripper must (a retry
 			// takes a fresh copy from GetBody, or rewinds a MemBody).
 			_ = req.Body.Close()
 		}
 		if err == nil {
-			return resp, nil
+			if asHead {
+				return &a.resp, &a.head, nil
+			}
+			return &a.resp, nil, nil
 		}
 		if errors.Is(err, errNothingWritten) && c.reuse && try == 0 && req.Context().Err() == nil {
 			if mb, ok := req.Body.(*MemBody); ok {
@@ -143,7 +160,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			} else if req.Body != nil && req.Body != http.NoBody {
 				body, gerr := req.GetBody()
 				if gerr != nil {
-					return nil, gerr
+					return nil, nil, gerr
 				}
 				r := *req
 				r.Body = body
@@ -152,9 +169,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			continue
 		}
 		if cerr := req.Context().Err(); cerr != nil {
-			return nil, cerr
+			return nil, nil, cerr
 		}
-		return nil, err
+		return nil, nil, err
 	}
 }
 
@@ -503,8 +520,9 @@ func ownScheme(u *url.URL) bool { return u.Scheme == "http" }
 // heads are the buffers requests' heads and small bodies are written from.
 var heads = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 
-// send writes req on c and reads the answer's head. On error c is closed.
-func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
+// send writes req on c and reads the answer's head (asHead: as a Head).
+// On error c is closed.
+func (t *Transport) send(c *conn, req *http.Request, asHead bool) (*answer, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		c.nc.Close()
@@ -540,7 +558,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	var a *answer
 	for interim := 0; ; interim++ {
 		c.lr.left = maxHead // the head is bounded; the body is the proxy's to stream
-		a, err = readAnswer(c.br, req)
+		a, err = readAnswer(c.br, req, asHead)
 		c.lr.left = -1
 		if err == nil && a.resp.StatusCode < 200 && a.resp.StatusCode != http.StatusSwitchingProtocols && interim == maxInterim {
 			err = errInterim
@@ -569,7 +587,7 @@ func (t *Transport) send(c *conn, req *http.Request) (*http.Response, error) {
 	a.tb = body{rc: resp.Body, t: t, c: c, ctx: ctx,
 		keep: !resp.Close && !req.Close}
 	resp.Body = &a.tb
-	return resp, nil
+	return a, nil
 }
 
 // appendHead appends req's request line and header as HTTP/1.1.

@@ -22,6 +22,7 @@ type response struct {
 	c      *serverConn
 	req    *http.Request
 	header http.Header
+	head   *Head // the header, when a Head was handed over (TakeHead); header is nil then
 
 	status    int   // 0 until WriteHeader
 	cl        int64 // the declared Content-Length; -1: none
@@ -51,10 +52,14 @@ var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSiz
 var holds = sync.Pool{New: func() any { b := make([]byte, 0, pendingMax); return &b }}
 
 // Header is made when first asked for: a handler may hand one over
-// instead (TakeHeader).
+// instead (TakeHeader). A Head handed over becomes an http.Header here.
 func (w *response) Header() http.Header {
 	if w.header == nil {
-		w.header = make(http.Header)
+		if w.head != nil {
+			w.header, w.head = w.head.Header(), nil
+		} else {
+			w.header = make(http.Header)
+		}
 	}
 	return w.header
 }
@@ -66,11 +71,70 @@ func (w *response) Header() http.Header {
 // engine's answer's header so, rather than copying it field by field
 // into a header made for it.
 func (w *response) TakeHeader(h http.Header) bool {
-	if w.header != nil || w.status != 0 || w.done || h == nil {
+	if w.header != nil || w.head != nil || w.status != 0 || w.done || h == nil {
 		return false
 	}
 	w.header = h
 	return true
+}
+
+// TakeHead is TakeHeader for an engine's answer's Head (RoundTripHead):
+// its fields are written out in their order, with no http.Header made. A
+// head that declares trailers (Trailer), or has no Content-Type (one would
+// be sniffed from the body), is refused: those go as an http.Header
+// (Head.Header).
+func (w *response) TakeHead(h *Head) bool {
+	if w.header != nil || w.head != nil || w.status != 0 || w.done || h == nil ||
+		h.Has("Trailer") || !h.Has("Content-Type") {
+		return false
+	}
+	w.head = h
+	return true
+}
+
+// has, get, values and del read and change the answer's fields, in its
+// Head or its http.Header; k is canonical.
+func (w *response) has(k string) bool {
+	if w.head != nil {
+		return w.head.Has(k)
+	}
+	_, ok := w.header[k] // a nil value counts: it suppresses Date, as with net/http
+	return ok
+}
+
+func (w *response) get(k string) string {
+	if vv := w.values(k); len(vv) > 0 {
+		return vv[0]
+	}
+	return ""
+}
+
+func (w *response) values(k string) []string {
+	if w.head != nil {
+		return w.head.Values(k)
+	}
+	return w.header[k]
+}
+
+func (w *response) del(k string) {
+	if w.head != nil {
+		w.head.Del(k)
+	} else {
+		delete(w.header, k)
+	}
+}
+
+// each calls field with each of the answer's fields, a name and its
+// values (a function, not an iterator: one that chose between two would
+// be made on the heap, each time).
+func (w *response) each(field func(k string, vs []string)) {
+	if w.head != nil {
+		w.head.each(field)
+		return
+	}
+	for k, vs := range w.header {
+		field(k, vs)
+	}
 }
 
 func (w *response) WriteHeader(code int) {
@@ -86,11 +150,11 @@ func (w *response) WriteHeader(code int) {
 	}
 	w.status = code
 	w.noBody = w.req.Method == http.MethodHead || !bodyAllowed(code)
-	if v := w.header.Get("Content-Length"); v != "" {
+	if v := w.get("Content-Length"); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
 			w.cl = n
 		} else {
-			w.header.Del("Content-Length")
+			w.del("Content-Length")
 		}
 	}
 }
@@ -201,26 +265,24 @@ func (w *response) body(p []byte) (int, error) {
 // the handler set none (as net/http does).
 func (w *response) commit(chunked bool, next []byte) {
 	w.committed = true
-	h := w.header
 	if w.cl < 0 {
 		// Set after WriteHeader, which read none: not the answer's
 		// (net/http ignores it too), which this server frames.
-		delete(h, "Content-Length")
+		w.del("Content-Length")
 	}
-	trailers := trailerOf(h)
-	if _, ok := h["Content-Type"]; !ok && (!w.noBody || w.headAsGet()) && h.Get("Content-Encoding") == "" {
+	trailers := trailerOf(w.values("Trailer"))
+	if !w.has("Content-Type") && (!w.noBody || w.headAsGet()) && w.get("Content-Encoding") == "" {
 		first := w.pending
 		if len(first) == 0 {
 			first = next
 		}
 		if len(first) > 0 {
-			h = w.Header()
-			h.Set("Content-Type", http.DetectContentType(first[:min(len(first), 512)]))
+			w.Header().Set("Content-Type", http.DetectContentType(first[:min(len(first), 512)]))
 		}
 	}
-	_, hasDate := h["Date"]
+	hasDate := w.has("Date")
 	c := w.c
-	saysClose := hasToken(h["Connection"], "close")
+	saysClose := hasToken(w.values("Connection"), "close")
 	if w.req.Close || c.s.DisableKeepAlives || c.s.shutting.Load() || !c.bodyDone && w.req.ContentLength > maxDiscard || saysClose {
 		w.closeAfter = true
 	}
@@ -283,35 +345,35 @@ func (w *response) commit(chunked bool, next []byte) {
 // (it reports whether there are any), or names that are not tokens; a
 // value with a line break has it as a space (net/http does the same).
 func (w *response) writeHeader(bw *bufio.Writer, skip []string) (prefixed bool) {
-	for k, vs := range w.header {
+	w.each(func(k string, vs []string) {
 		switch k {
 		case "Transfer-Encoding":
-			continue
+			return
 		case "Trailer":
 			if len(skip) == 0 {
-				continue
+				return
 			}
 		case "Connection":
 			if w.sayClose {
-				continue
+				return
 			}
 		case "Content-Type":
 			// No content to type (net/http leaves it out too).
 			if w.status == http.StatusNotModified {
-				continue
+				return
 			}
 		case "Content-Length":
 			// Status 0: a 1xx, which has no body to measure.
 			if w.status == 0 || w.noBody && w.req.Method != http.MethodHead {
-				continue
+				return
 			}
 		}
 		if strings.HasPrefix(k, http.TrailerPrefix) {
 			prefixed = true
-			continue
+			return
 		}
 		if !validName(k) || slices.Contains(skip, k) {
-			continue
+			return
 		}
 		for _, v := range vs {
 			bw.WriteString(k)
@@ -322,14 +384,15 @@ func (w *response) writeHeader(bw *bufio.Writer, skip []string) (prefixed bool) 
 			bw.WriteString(v)
 			bw.WriteString("\r\n")
 		}
-	}
+	})
 	return prefixed
 }
 
-// trailerOf lists the trailer fields h declares (its Trailer header).
-func trailerOf(h http.Header) []string {
+// trailerOf lists the trailer fields the values of a Trailer field
+// declare.
+func trailerOf(declared []string) []string {
 	var out []string
-	for _, v := range h["Trailer"] {
+	for _, v := range declared {
 		for f := range strings.SplitSeq(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
 				out = append(out, http.CanonicalHeaderKey(f))
@@ -411,15 +474,15 @@ func (w *response) finish() {
 }
 
 func (w *response) writeTrailers(bw *bufio.Writer) {
-	declared := trailerOf(w.header)
-	for k, vs := range w.header {
+	declared := trailerOf(w.values("Trailer"))
+	w.each(func(k string, vs []string) {
 		name, prefixed := strings.CutPrefix(k, http.TrailerPrefix)
 		if !prefixed && !slices.Contains(declared, k) {
-			continue
+			return
 		}
 		name = http.CanonicalHeaderKey(name)
 		if !validName(name) {
-			continue
+			return
 		}
 		for _, v := range vs {
 			if !validValue(v) {
@@ -430,7 +493,7 @@ func (w *response) writeTrailers(bw *bufio.Writer) {
 			bw.WriteString(v)
 			bw.WriteString("\r\n")
 		}
-	}
+	})
 }
 
 // statusLine is "200 OK" for 200.
