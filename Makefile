@@ -25,8 +25,10 @@ build:
 test-deps:
 	scripts/test-deps.sh
 
+# Every benchmark runs once too, so that none stops working unnoticed.
 test: test-deps
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./...
 
 lint:
 	@unformatted=$$(gofmt -l $(GOFILES) </dev/null); \
