@@ -39,6 +39,7 @@ import (
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/h1"
+	"github.com/napd/napd/internal/heapfloor"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
@@ -56,9 +57,11 @@ type Options struct {
 	// ShutdownGrace is how long in-flight requests may take to finish after
 	// SIGTERM (default 30s).
 	ShutdownGrace time.Duration
-	// SetProcs lets napd size GOMAXPROCS by agent.cpus (see Procs); napd's
-	// main sets it, tests running an agent in their process do not.
-	SetProcs bool
+	// TuneRuntime lets napd size GOMAXPROCS by agent.cpus (see Procs) and
+	// keep a heap floor by agent.heap_floor (internal/heapfloor): the
+	// process's settings, which napd's main lets it make and tests running
+	// an agent in their process do not.
+	TuneRuntime bool
 }
 
 // tickEvery is how often each model's deadlines are checked; planEvery how
@@ -107,9 +110,10 @@ type Agent struct {
 	gpuReadings gpuReadings
 	statusKick  chan struct{}
 	room        *room
-	unrelieved  string         // the pressure last reported unrelieved (ticker goroutine only)
-	loops       sync.WaitGroup // model owner loops
-	helpers     sync.WaitGroup // ticker, status, engine events
+	heapFloor   *heapfloor.Floor // nil: none
+	unrelieved  string           // the pressure last reported unrelieved (ticker goroutine only)
+	loops       sync.WaitGroup   // model owner loops
+	helpers     sync.WaitGroup   // ticker, status, engine events
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It
@@ -149,6 +153,12 @@ func Run(ctx context.Context, opts Options) error {
 	a.cfg.Store(cfg)
 	a.metrics = metrics.New(a.metricsSnapshot)
 	cpus, _ := a.setProcs(cfg)
+	a.setHeapFloor(cfg)
+	defer func() {
+		a.regMu.Lock() // a reload may set it too
+		defer a.regMu.Unlock()
+		a.setHeapFloor(nil)
+	}()
 	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models), "cpus", cpus)
 
 	if err := statefile.Dir(cfg.Agent.StateDir, 0o750); err != nil {

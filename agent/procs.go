@@ -5,6 +5,7 @@ import (
 	"runtime"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/internal/heapfloor"
 )
 
 // Procs is how many threads run napd's own Go code at once (GOMAXPROCS):
@@ -36,10 +37,25 @@ var defaultProcs = runtime.GOMAXPROCS(0)
 // setProcs applies cfg's agent.cpus, at start and on reload, and returns
 // the GOMAXPROCS napd runs with and the one it ran with before.
 func (a *Agent) setProcs(cfg *config.Config) (now, before int) {
-	if !a.opts.SetProcs {
+	if !a.opts.TuneRuntime {
 		n := runtime.GOMAXPROCS(0)
 		return n, n
 	}
 	n := Procs(cfg.Agent.CPUs, os.Getenv("GOMAXPROCS") != "", defaultProcs)
 	return n, runtime.GOMAXPROCS(n)
+}
+
+// setHeapFloor applies cfg's agent.heap_floor, at start and on reload (nil:
+// napd stops, its GOGC is put back). Reloads run one at a time.
+func (a *Agent) setHeapFloor(cfg *config.Config) {
+	if !a.opts.TuneRuntime {
+		return
+	}
+	if a.heapFloor != nil {
+		a.heapFloor.Stop()
+		a.heapFloor = nil
+	}
+	if cfg != nil && cfg.Agent.HeapFloor > 0 {
+		a.heapFloor = heapfloor.Start(heapfloor.Base(os.Getenv("GOGC")), uint64(cfg.Agent.HeapFloor))
+	}
 }

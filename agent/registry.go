@@ -218,6 +218,10 @@ func (a *Agent) Reload() error {
 	if now, before := a.setProcs(cfg); now != before {
 		a.log.Info("cpus changed", "from", before, "to", now)
 	}
+	if cfg.Agent.HeapFloor != old.Agent.HeapFloor {
+		a.setHeapFloor(cfg)
+		a.log.Info("heap_floor changed", "from", old.Agent.HeapFloor, "to", cfg.Agent.HeapFloor)
+	}
 	if restartOnly := restartOnlyChanges(old, cfg); len(restartOnly) > 0 {
 		a.log.Warn("config changes that take effect only at restart", "keys", restartOnly)
 	}

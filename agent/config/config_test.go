@@ -124,6 +124,8 @@ func TestParse_Errors(t *testing.T) {
 		{"bad agent check listen", "[agent]\nhaproxy_agent_listen = \"host\"\n", 2, "agent.haproxy_agent_listen", "want HOST:PORT"},
 		{"negative cpus", "[agent]\ncpus = -1\n", 2, "agent.cpus", "out of range"},
 		{"cpus not a number", "[agent]\ncpus = \"all\"\n", 2, "agent.cpus", "an integer"},
+		{"heap_floor over the limit", "[agent]\nheap_floor = \"2GiB\"\n", 2, "agent.heap_floor", "most allowed"},
+		{"heap_floor not a size", "[agent]\nheap_floor = 32\n", 2, "agent.heap_floor", "size string"},
 		{"bad events address", "[agent]\nevents_address = \"/run/x.sock\"\n", 2, "agent.events_address", "bad ZeroMQ address"},
 		{"bad health path", "[models.a]\n" + minimal + "health = \"health\"\n", 3, "models.a.health", "starting with /"},
 		{"bad unit name", "[models.a]\nunit = \"vllm\"\nport = 1\n", 2, "models.a.unit", "not a systemd service name"},

@@ -31,6 +31,11 @@ const (
 	// sets (LimitNOFILE=65536): each client connection may hold a second
 	// descriptor to its engine, and napctl must still get one.
 	DefaultMaxConnections = 4096
+	// DefaultHeapFloor: a busy napd's heap goal is 32 MiB, not twice its
+	// megabyte of live heap (docs/bench.md); MaxHeapFloor bounds what a
+	// careless setting may let a busy napd's heap grow to.
+	DefaultHeapFloor = 32 << 20
+	MaxHeapFloor     = 1 << 30
 )
 
 // Default returns the configuration of an empty file: every default, no
@@ -43,6 +48,7 @@ func Default() *Config {
 			ControlSocket: "/run/napd/control.sock",
 			MetricsListen: "127.0.0.1:9464",
 			LogLevel:      "info",
+			HeapFloor:     DefaultHeapFloor,
 		},
 		Gateway: Gateway{
 			Listen:           []string{"127.0.0.1:8080"},
@@ -360,6 +366,7 @@ func agentSchema(a *Agent) map[string]setter {
 		"haproxy_agent_listen": setString(&a.HAProxyAgentListen, optional(hostPort)),
 		"log_level":            setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
 		"cpus":                 setInt(&a.CPUs, 0, 1<<12),
+		"heap_floor":           setSizeUpTo(&a.HeapFloor, MaxHeapFloor),
 	}
 }
 

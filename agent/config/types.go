@@ -66,6 +66,9 @@ type Agent struct {
 	// CPUs is how many threads run napd's own Go code at once
 	// (GOMAXPROCS); 0 = auto (see agent.Procs).
 	CPUs int
+	// HeapFloor is the least heap napd lets its garbage collector aim
+	// for while busy (internal/heapfloor), in bytes; 0 = none.
+	HeapFloor int64
 }
 
 // Gateway is the [gateway] table.

@@ -92,5 +92,5 @@ func run(o options, stdout, stderr io.Writer) error {
 	// agent's own.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr, SetProcs: true})
+	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr, TuneRuntime: true})
 }
