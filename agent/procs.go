@@ -11,16 +11,20 @@ import (
 // Procs is how many threads run napd's own Go code at once (GOMAXPROCS):
 // agent.cpus when set; else GOMAXPROCS from the environment when set
 // (avail is then that value); else half of avail, the CPUs the runtime
-// found for napd (its cgroup's limit included), rounded up.
+// found for napd (its cgroup's limit included), rounded up, and two at
+// least where there are two.
 //
 // Half, because napd shares its host with the engines it serves and their
 // clients, and it needs little CPU at once: every Go scheduler thread
 // past the work at hand spins looking for more before it sleeps, on a
-// CPU an engine or a client wanted. On the 2-CPU bench machine one thread
-// instead of two cut napd's CPU per proxied request by a fifth to a third
-// and its added latency at one connection by ~35 µs (docs/bench.md).
-// Sidecar proxies size themselves alike (Linkerd's proxy runs one worker
-// thread unless given more; Istio's Envoy two).
+// CPU an engine or a client wanted. Two at least, because with one a
+// request's forwarding waits for every other request's work: on the
+// 2-CPU bench machine two threads gave 5-10 % more throughput at 32
+// connections than one in each of twelve interleaved rounds (the engine
+// gets its requests sooner and spends less CPU on each), with the same
+// latency at one connection (docs/bench.md). Sidecar proxies size
+// themselves alike (Istio's Envoy runs two worker threads unless given
+// more).
 func Procs(cpus int, envSet bool, avail int) int {
 	switch {
 	case cpus > 0:
@@ -28,7 +32,7 @@ func Procs(cpus int, envSet bool, avail int) int {
 	case envSet:
 		return avail
 	}
-	return max(1, (avail+1)/2)
+	return max(1, min(avail, max(2, (avail+1)/2)))
 }
 
 // defaultProcs is the runtime's own GOMAXPROCS, read before napd sets it.

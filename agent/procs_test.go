@@ -16,9 +16,12 @@ func TestProcs(t *testing.T) {
 		want        int
 	}{
 		{"one CPU", 0, 1, false, 1},
-		{"two CPUs: one thread", 0, 2, false, 1},
+		{"two CPUs: two threads", 0, 2, false, 2},
 		{"three CPUs: rounded up", 0, 3, false, 2},
+		{"four CPUs: half", 0, 4, false, 2},
+		{"five CPUs: rounded up", 0, 5, false, 3},
 		{"64 CPUs: half", 0, 64, false, 32},
+		{"no CPU found: one", 0, 0, false, 1},
 		{"GOMAXPROCS from the environment stands", 0, 2, true, 2},
 		{"agent.cpus wins over everything", 6, 2, true, 6},
 		{"agent.cpus past the CPUs is the operator's choice", 8, 4, false, 8},
