@@ -498,20 +498,21 @@ func (w *response) writeTrailers(bw *bufio.Writer) {
 
 // statusLine is "200 OK" for 200.
 func statusLine(code int) string {
-	if s, ok := statusLines[code]; ok {
-		return s
+	if code >= 0 && code < len(statusLines) && statusLines[code] != "" {
+		return statusLines[code]
 	}
 	return strconv.Itoa(code) + " " + http.StatusText(code)
 }
 
-var statusLines = func() map[int]string {
-	m := make(map[int]string)
-	for code := 100; code < 600; code++ {
+// statusLines are the lines of the codes net/http names, by code (an
+// index: a map lookup was 0.5 % of napd's own work).
+var statusLines = func() (lines [600]string) {
+	for code := range lines {
 		if t := http.StatusText(code); t != "" {
-			m[code] = strconv.Itoa(code) + " " + t
+			lines[code] = strconv.Itoa(code) + " " + t
 		}
 	}
-	return m
+	return lines
 }()
 
 // date is the Date header's value, made once a second. Within the second
