@@ -503,7 +503,7 @@ func (c *call) replay(t *Ticket) {
 	}
 	h.Set(HeaderReplayed, "true")
 	h.Set("Content-Length", strconv.Itoa(len(t.Replay.Body)))
-	c.setModelHeaders(headerFields(c.w.Header()))
+	c.setModelHeaders(h1.HeaderFields(c.w.Header()))
 	status := t.Replay.Status
 	if status == 0 {
 		status = http.StatusOK
@@ -746,7 +746,7 @@ func (c *call) writeValue(status int, v any) {
 }
 
 func (c *call) writeJSON(status int, b []byte) {
-	c.setModelHeaders(headerFields(c.w.Header()))
+	c.setModelHeaders(h1.HeaderFields(c.w.Header()))
 	h := c.w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
@@ -762,7 +762,7 @@ func (c *call) setModelHeaders(h fields) {
 	}
 	if h.Get(HeaderQueueDepth) == "" {
 		vv := depthValue(c.g.models.QueueDepth(c.model))
-		if m, ok := h.(headerFields); ok {
+		if m, ok := h.(h1.HeaderFields); ok {
 			m[HeaderQueueDepth] = vv
 		} else {
 			h.Add(HeaderQueueDepth, vv[0])

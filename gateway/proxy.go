@@ -47,7 +47,7 @@ func (c *call) send(ctx context.Context, out *http.Request) {
 		c.failed(ctx, err)
 		return
 	}
-	var f fields = headerFields(resp.Header)
+	var f fields = h1.HeaderFields(resp.Header)
 	if head != nil {
 		f = head
 	}
@@ -116,23 +116,6 @@ type fields interface {
 	Add(k, v string)
 }
 
-// headerFields is an http.Header as fields.
-type headerFields http.Header
-
-func (h headerFields) Get(k string) string      { return headerValue(http.Header(h), k) }
-func (h headerFields) Values(k string) []string { return h[k] }
-func (h headerFields) Del(k string)             { delete(h, k) }
-func (h headerFields) Set(k, v string)          { http.Header(h).Set(k, v) }
-func (h headerFields) Add(k, v string)          { http.Header(h).Add(k, v) }
-
-func (h headerFields) DelFunc(drop func(k string) bool) {
-	for k := range h {
-		if drop(k) {
-			delete(h, k)
-		}
-	}
-}
-
 // headTaker is a ResponseWriter that takes a header handed over (napd's
 // h1 server's).
 type headTaker interface {
@@ -162,19 +145,19 @@ func (c *call) handOver(resp *http.Response, head *h1.Head, f fields) fields {
 	if head != nil {
 		// Trailers the answer declares need the header (TakeHead's
 		// refusals are the server's).
-		if len(resp.Trailer) == 0 && t.TakeHead(head) {
+		if ok && len(resp.Trailer) == 0 && t.TakeHead(head) {
 			return f
 		}
 		resp.Header = head.Header()
 	}
 	if ok && sentByH1(c.ticket) && t.TakeHeader(resp.Header) {
-		return headerFields(resp.Header)
+		return h1.HeaderFields(resp.Header)
 	}
 	h := c.w.Header()
 	for k, vv := range resp.Header {
 		addValues(h, k, vv)
 	}
-	return headerFields(h)
+	return h1.HeaderFields(h)
 }
 
 // headerValue is h.Get(k) for a canonical k, as every key napd asks for is: Get
@@ -561,7 +544,7 @@ func (g *Gateway) newUpgrades() *httputil.ReverseProxy {
 		BufferPool: bufferPool{},
 		ErrorLog:   slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		ModifyResponse: func(resp *http.Response) error {
-			return callOf(resp.Request.Context()).answer(resp, headerFields(resp.Header))
+			return callOf(resp.Request.Context()).answer(resp, h1.HeaderFields(resp.Header))
 		},
 		ErrorHandler: func(_ http.ResponseWriter, r *http.Request, err error) {
 			callOf(r.Context()).failed(r.Context(), err)

@@ -62,7 +62,7 @@ func readAnswer(br *bufio.Reader, req *http.Request, asHead bool) (*answer, erro
 		if resp.Header, err = buildFields(head[nl+1:], fields, a.values[:]); err != nil {
 			return nil, err
 		}
-		fs = mapFields(resp.Header)
+		fs = HeaderFields(resp.Header)
 	}
 	if err := frame(resp, fs, br, &a.body); err != nil {
 		return nil, err
@@ -289,19 +289,12 @@ func parseStatus(resp *http.Response, line string) error {
 func digit(c byte) bool { return '0' <= c && c <= '9' }
 
 // fieldSet is what frame and pragmaNoCache read and change of a header:
-// an http.Header's fields (mapFields) or a Head's. Names are canonical.
+// an http.Header's fields (HeaderFields) or a Head's. Names are canonical.
 type fieldSet interface {
 	Values(k string) []string // nil when there is none
 	Del(k string)
 	Set(k, v string)
 }
-
-// mapFields is an http.Header as a fieldSet.
-type mapFields http.Header
-
-func (h mapFields) Values(k string) []string { return h[k] }
-func (h mapFields) Del(k string)             { delete(h, k) }
-func (h mapFields) Set(k, v string)          { h[k] = []string{v} }
 
 // frame sets the answer's length, connection and trailer fields, and its
 // body (made in b) read from br, by net/http's rules (its readTransfer):

@@ -133,3 +133,37 @@ func (h *Head) Header() http.Header {
 	h.each(func(k string, vs []string) { m[k] = append(m[k], vs...) })
 	return m
 }
+
+// HeaderFields is an http.Header read and changed through a Head's
+// methods, for code that handles either: names are canonical (Set and Add
+// make theirs so).
+type HeaderFields http.Header
+
+// Get is the first value of k, "" when there is none.
+func (h HeaderFields) Get(k string) string {
+	if vv := h[k]; len(vv) > 0 {
+		return vv[0]
+	}
+	return ""
+}
+
+// Values are k's values.
+func (h HeaderFields) Values(k string) []string { return h[k] }
+
+// Del removes k.
+func (h HeaderFields) Del(k string) { delete(h, k) }
+
+// DelFunc removes every name drop reports.
+func (h HeaderFields) DelFunc(drop func(name string) bool) {
+	for k := range h {
+		if drop(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// Set makes v the one value of k.
+func (h HeaderFields) Set(k, v string) { http.Header(h).Set(k, v) }
+
+// Add adds v to k's values.
+func (h HeaderFields) Add(k, v string) { http.Header(h).Add(k, v) }

@@ -723,7 +723,7 @@ func (c *serverConn) parse(raw []byte) (*exchange, bool) {
 	if hosts != 1 || !validHost(host) {
 		return nil, false
 	}
-	pragmaNoCache(mapFields(h))
+	pragmaNoCache(HeaderFields(h))
 	var body io.ReadCloser = http.NoBody
 	c.bodyDone = true
 	if cl > 0 {
