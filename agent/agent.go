@@ -38,7 +38,6 @@ import (
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
-	"github.com/napd/napd/internal/h1"
 	"github.com/napd/napd/internal/heapfloor"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
@@ -314,7 +313,7 @@ const (
 
 // servers holds what serve started.
 type servers struct {
-	gateway []*h1.Server
+	gateway []*http.Server
 	control *http.Server
 	// endControl cancels the control and admin requests' context: event
 	// followers (napctl events -f, /napd/v1/events) never end on their
@@ -356,22 +355,11 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 	// keepalive_timeout, and all of them together hold at most
 	// max_connections descriptors.
 	conns := gateway.NewConnLimit(cfg.Gateway.MaxConnections, a.log.With("listener", "gateway", "key", "gateway.max_connections"))
-	// napd's own HTTP/1.1 server serves the gateway's requests; what it
-	// does not serve itself (streamed uploads, upgrades, Expect, odd
-	// heads) goes to net/http's, configured alike (docs/gateway.md).
 	newGateway := func(h http.Handler, l net.Listener, what string) {
-		fb := newServer(h)
-		fb.IdleTimeout = cfg.Gateway.KeepaliveTimeout
-		fb.SetKeepAlivesEnabled(cfg.Gateway.KeepaliveTimeout > 0)
-		srv := &h1.Server{
-			Handler:           h,
-			Fallback:          fb,
-			BaseContext:       a.ctx,
-			ReadHeaderTimeout: fb.ReadHeaderTimeout,
-			IdleTimeout:       cfg.Gateway.KeepaliveTimeout,
-			DisableKeepAlives: cfg.Gateway.KeepaliveTimeout <= 0,
-			Log:               a.log.With("listener", what),
-		}
+		srv := newServer(h)
+		srv.IdleTimeout = cfg.Gateway.KeepaliveTimeout
+		srv.MaxHeaderBytes = gateway.MaxHeaderBytes
+		srv.SetKeepAlivesEnabled(cfg.Gateway.KeepaliveTimeout > 0)
 		s.gateway = append(s.gateway, srv)
 		go a.serveOn(srv, conns.Listener(l), what)
 	}

@@ -83,6 +83,12 @@ const (
 	DefaultBodyTimeout  = 60 * time.Second
 )
 
+// MaxHeaderBytes bounds a request's head (request line and header
+// fields) on the gateway's sockets: a larger one gets 431. OpenAI clients
+// send well under 4 KiB; net/http's default of 1 MiB would let
+// max_connections clients hold 4 GiB with heads alone (nginx holds 32 KiB).
+const MaxHeaderBytes = 64 << 10
+
 // Observation is one finished request as metrics see it: labels, status
 // and timings, never a body or a credential.
 type Observation struct {
