@@ -356,10 +356,11 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 	// max_connections descriptors.
 	conns := gateway.NewConnLimit(cfg.Gateway.MaxConnections, a.log.With("listener", "gateway", "key", "gateway.max_connections"))
 	newGateway := func(h http.Handler, l net.Listener, what string) {
-		srv := newServer(h)
-		srv.IdleTimeout = cfg.Gateway.KeepaliveTimeout
-		srv.MaxHeaderBytes = gateway.MaxHeaderBytes
-		srv.SetKeepAlivesEnabled(cfg.Gateway.KeepaliveTimeout > 0)
+		srv := gateway.NewServer(h, gateway.ServerOptions{
+			KeepaliveTimeout: cfg.Gateway.KeepaliveTimeout,
+			BaseContext:      a.ctx,
+			Logger:           a.log.With("listener", what),
+		})
 		s.gateway = append(s.gateway, srv)
 		go a.serveOn(srv, conns.Listener(l), what)
 	}

@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/napd/napd/internal/h1"
 )
 
 // benchTransport is the clients' transport.
@@ -26,7 +24,6 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 	eng := httptest.NewServer(engine)
 	b.Cleanup(eng.Close)
 	models := newFakeModels(b, eng.URL)
-	models.transport = &h1.Transport{} // as the agent's per-engine links
 	models.done = make(chan Outcome, 1)
 	models.forget = true
 	drain := make(chan struct{})
@@ -43,17 +40,9 @@ func benchSetup(b testing.TB, engine http.HandlerFunc) (direct, gateway string) 
 	// With the agent's default request_timeout: each request's deadline
 	// is part of its cost.
 	gw := New(Options{MaxBody: 64 << 20, RequestTimeout: 10 * time.Minute, Logger: slog.New(slog.DiscardHandler)}, models)
-	// Served as the agent serves it: napd's own HTTP/1.1 server, with its
-	// timeouts (their deadlines are part of each request's cost).
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	front := &h1.Server{Handler: gw.Handler(), Fallback: &http.Server{Handler: gw.Handler()},
-		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 75 * time.Second}
-	go func() { _ = front.Serve(l) }()
-	b.Cleanup(func() { _ = front.Close() })
-	return eng.URL, "http://" + l.Addr().String()
+	// Served as the agent serves it, with its timeouts (their deadlines
+	// are part of each request's cost).
+	return eng.URL, serveGateway(b, gw.Handler(), nil).URL
 }
 
 // smallBody is the small non-streamed request of BenchmarkProxy and

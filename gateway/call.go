@@ -11,19 +11,15 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/napd/napd/internal/h1"
-	"github.com/napd/napd/internal/mono"
 
 	"github.com/napd/napd/request"
 )
@@ -74,34 +70,25 @@ type call struct {
 	byQuery   bool
 	served    string
 
-	// Set for the proxy: where to send the request and with what.
+	// Set for the proxy: where to send the request and with what, and
+	// the answer's body (answer): in the call, not allocated apart.
 	ticket        *Ticket
 	path, rawPath string
-	// The engine's request, its URL and forwarding header values
-	// (outbound), and the answer's body (answer): in the call, not
-	// allocated apart.
-	out       http.Request
-	outURL    url.URL
-	forwarded [2]string
-	watched   watchedBody
-	proxyErr  error // the engine's answer did not come, or could not be handed on
-	bodyErr   error // reading the engine's response body
-	fault     Fault // the engine's side, for the model layer and the log
-	gone      bool  // the client left before the engine answered
+	up            upload
+	watched       watchedBody
+	proxyErr      error // the engine's answer did not come, or could not be handed on
+	bodyErr       error // reading the engine's response body
+	fault         Fault // the engine's side, for the model layer and the log
+	gone          bool  // the client left before the engine answered
 	// uploadErr is why reading a streamed upload failed; set by the
 	// transport's goroutine.
 	uploadErr atomic.Pointer[uploadFailure]
 	body      bodyReader // the request body, once opened (openBody)
 	whole     wholeBody  // the request body, when read whole
-	// The request's deadline (deadline): its own context, or context's
-	// when the server's has a deadline too.
-	reqCtx         deadlineCtx
+	// The request's deadline (deadline): when it is (zero: none), and
+	// the end of its context.
+	deadlineAt     time.Time
 	cancelDeadline context.CancelFunc
-	// trace hands the engine's 1xx answers on (interim) until traceDone:
-	// the transport may report one from its own goroutine.
-	trace     httptrace.ClientTrace
-	traceMu   sync.Mutex
-	traceDone bool
 }
 
 type callKey struct{}
@@ -194,6 +181,15 @@ func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key str
 	c.admit(ctx, r, up, a)
 }
 
+// headerValue is h.Get(k) for a canonical k, as every key napd asks for
+// is: Get would make k canonical again.
+func headerValue(h http.Header, k string) string {
+	if v := h[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // MaxIdempotencyKey bounds an Idempotency-Key (bytes), as Stripe does.
 const MaxIdempotencyKey = 255
 
@@ -269,29 +265,20 @@ func (c *call) deadline(r *http.Request) (context.Context, bool) {
 			d = hd
 		}
 	}
-	parent := r.Context()
-	switch _, has := parent.Deadline(); {
-	case d == 0:
+	if d == 0 {
 		// The server cancels the request's own context when the handler
-		// returns: a second one would only add allocations.
-		return parent, true
-	case has:
-		// The sooner of two deadlines: context's own (no server of
-		// napd's sets one).
-		ctx, cancel := context.WithTimeout(parent, d)
-		c.cancelDeadline = cancel
-		return ctx, true
+		// returns.
+		return r.Context(), true
 	}
-	c.reqCtx.init(parent, d)
-	return &c.reqCtx, true
+	ctx, cancel := context.WithTimeout(r.Context(), d)
+	c.cancelDeadline = cancel
+	c.deadlineAt, _ = ctx.Deadline()
+	return ctx, true
 }
 
 func (c *call) endDeadline() {
-	switch {
-	case c.cancelDeadline != nil:
+	if c.cancelDeadline != nil {
 		c.cancelDeadline()
-	case c.reqCtx.Context != nil:
-		c.reqCtx.cancel()
 	}
 }
 
@@ -352,19 +339,18 @@ func (c *call) openBody(ctx context.Context, r *http.Request) (*bodyReader, bool
 		src = http.MaxBytesReader(c.w.ResponseWriter, r.Body, c.g.opts.MaxBody)
 	}
 	br := &c.body
-	// set is set back so that the first read sets the deadline.
-	*br = bodyReader{src: src, rc: &c.w.rc, idle: c.g.opts.BodyTimeout, set: -c.g.opts.BodyTimeout}
-	if d, ok := ctx.Deadline(); ok {
-		br.deadline = mono.Of(d)
-	}
+	*br = bodyReader{src: src, rc: &c.w.rc, idle: c.g.opts.BodyTimeout}
+	br.deadline, _ = ctx.Deadline()
 	return br, true
 }
 
 // bodyFailed answers a failed read of the request body that was too large
 // or too slow (idle: the idle bound, not the request's deadline, ran
-// out). It reports false, answering nothing, for a client that left.
+// out), or whose chunked framing is broken. It reports false, answering
+// nothing, for a client that left.
 func (c *call) bodyFailed(err error, idle bool) bool {
 	var tooLarge *http.MaxBytesError
+	var netErr net.Error
 	switch {
 	case errors.As(err, &tooLarge):
 		c.fail(http.StatusRequestEntityTooLarge, "request_too_large",
@@ -374,8 +360,13 @@ func (c *call) bodyFailed(err error, idle bool) bool {
 			fmt.Sprintf("the request body stalled for %s", c.g.opts.BodyTimeout))
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		c.fail(http.StatusGatewayTimeout, "timeout", "the request body did not arrive within the request deadline")
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.As(err, &netErr), errors.Is(err, net.ErrClosed),
+		errors.Is(err, http.ErrBodyReadAfterClose), errors.Is(err, context.Canceled):
+		return false // the client left, or its connection broke
 	default:
-		return false
+		// net/http's chunked reader: a chunk size too large or not
+		// hex, a chunk without its line end.
+		c.fail(http.StatusBadRequest, "invalid_body", "the request body's chunked framing is malformed")
 	}
 	return true
 }
@@ -389,25 +380,24 @@ const initialBody = 64 << 10
 // write deadline (extend), an idle bound set less than idle/extendSlack
 // ago is left in place: a read waits at least idle less that slack.
 type bodyReader struct {
-	src  io.Reader
-	rc   *http.ResponseController
-	idle time.Duration
-	// Deadlines as readings of the monotonic clock (mono.Now).
-	deadline  time.Duration // the request's; 0: none
-	set       time.Duration // the deadline set
-	idleBound bool          // the deadline set is the idle bound
+	src       io.Reader
+	rc        *http.ResponseController
+	idle      time.Duration
+	deadline  time.Time // the request's; zero: none
+	set       time.Time // the deadline set; zero: none yet
+	idleBound bool      // the deadline set is the idle bound
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
-	next, idle := mono.Now()+b.idle, true
-	if b.deadline > 0 && next >= b.deadline {
+	next, idle := time.Now().Add(b.idle), true
+	if !b.deadline.IsZero() && !next.Before(b.deadline) {
 		next, idle = b.deadline, false
 	}
-	if idle != b.idleBound || next-b.set >= b.idle/extendSlack {
+	if b.set.IsZero() || idle != b.idleBound || next.Sub(b.set) >= b.idle/extendSlack {
 		b.set, b.idleBound = next, idle
 		// An error means no real server connection underneath; the read
 		// is then bounded by the client alone.
-		_ = b.rc.SetReadDeadline(mono.Time(next))
+		_ = b.rc.SetReadDeadline(next)
 	}
 	return b.src.Read(p)
 }
@@ -503,7 +493,7 @@ func (c *call) replay(t *Ticket) {
 	}
 	h.Set(HeaderReplayed, "true")
 	h.Set("Content-Length", strconv.Itoa(len(t.Replay.Body)))
-	c.setModelHeaders(h1.HeaderFields(c.w.Header()))
+	c.setModelHeaders(h)
 	status := t.Replay.Status
 	if status == 0 {
 		status = http.StatusOK
@@ -515,7 +505,7 @@ func (c *call) replay(t *Ticket) {
 // proxy forwards to the ticket's engine and calls Done once, after the
 // last byte (or on the way out of an abort).
 func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket, capture bool) {
-	c.ticket = t
+	c.ticket, c.up = t, up
 	c.w.capture = capture
 	complete := false
 	defer func() {
@@ -530,37 +520,11 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 		}
 		t.Done(out)
 	}()
-	served := ""
 	if t.ServedName != "" && c.requested != "" {
 		c.served = t.ServedName
-		if !c.byQuery {
-			served = c.served
-		}
 	}
-	upgrade := upgradeType(r.Header) != ""
-	_, whole := up.(*wholeBody)
-	plain := whole && !upgrade && sentByH1(t)
-	var out *http.Request
-	if upgrade {
-		out = r.WithContext(context.WithValue(ctx, callKey{}, c)) // the upgrade proxy's outbound
-	} else {
-		octx := ctx
-		if !plain {
-			octx = c.traced(ctx)
-		}
-		// The call's own: WithContext, inlined, makes its copy on the
-		// stack.
-		c.out = *r.WithContext(octx)
-		out = &c.out
-		c.outbound(out, r, true)
-	}
-	out.TransferEncoding = nil
-	up.attach(out, served, plain)
-	if upgrade {
-		c.g.upgrades.ServeHTTP(&c.w, out)
-	} else {
-		c.send(ctx, out)
-	}
+	// The proxy's hooks find the call in the request's context.
+	c.g.proxy.ServeHTTP(&c.w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
 	if c.gone {
 		c.abort()
 	}
@@ -570,27 +534,23 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 // upload is a request body on its way to the engine.
 type upload interface {
 	// attach makes it out's body, with its model replaced by served
-	// when served is not "". plain: napd's h1 sends out (sentByH1).
-	attach(out *http.Request, served string, plain bool)
+	// when served is not "".
+	attach(out *http.Request, served string)
 }
-
-// sentByH1 reports whether t's transport is napd's engine client and sends
-// a request with a body in memory (or none) itself (a request proxy
-// builds has neither Upgrade nor Close): the request needs neither the
-// body net/http knows to be in memory nor a trace; the requests it hands
-// to net/http's Transport need both.
-func sentByH1(t *Ticket) bool { return h1.SendsItself(t.Transport, t.Target) }
 
 // wholeBody is a body read whole: the JSON routes and pass-through. It is
 // part of the call, and so is the reader the transport reads it with.
 type wholeBody struct {
-	b []byte
-	// sent is the body as sent: io.NopCloser and bytes.NewReader would
-	// allocate twice per request.
-	sent h1.MemBody
+	b    []byte
+	sent memBody
 }
 
-func (w *wholeBody) attach(out *http.Request, served string, plain bool) {
+// memBody is a body in memory as a transport reads it.
+type memBody struct{ bytes.Reader }
+
+func (*memBody) Close() error { return nil }
+
+func (w *wholeBody) attach(out *http.Request, served string) {
 	body := w.b
 	if served != "" {
 		body = setModel(body, served)
@@ -600,17 +560,11 @@ func (w *wholeBody) attach(out *http.Request, served string, plain bool) {
 		out.Body, out.GetBody = nil, nil
 		return
 	}
-	// Either transport sends the body with the head in one write: napd's
-	// h1 one a MemBody, net/http's one that is a NopCloser'd bytes.Reader
-	// with GetBody. Each retries a request that never reached a stale
-	// connection, h1's rewinding the MemBody; retarget does the same for
-	// a refused one that goes to the next engine instance.
+	// The transport sends a body of known length with the head; GetBody
+	// lets it send it again on a connection the engine had closed before
+	// reading it, and retarget to the next engine instance.
 	w.sent.Reset(body)
-	if plain {
-		out.Body, out.GetBody = &w.sent, nil
-		return
-	}
-	out.Body = io.NopCloser(&w.sent.Reader)
+	out.Body = &w.sent
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 
@@ -746,8 +700,8 @@ func (c *call) writeValue(status int, v any) {
 }
 
 func (c *call) writeJSON(status int, b []byte) {
-	c.setModelHeaders(h1.HeaderFields(c.w.Header()))
 	h := c.w.Header()
+	c.setModelHeaders(h)
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
 	c.w.WriteHeader(status)
@@ -756,17 +710,12 @@ func (c *call) writeJSON(status int, b []byte) {
 
 // setModelHeaders adds X-Queue-Depth (unless the engine set it) and
 // X-Napd-Wake-Ms to the headers of a reply for a known model.
-func (c *call) setModelHeaders(h fields) {
+func (c *call) setModelHeaders(h http.Header) {
 	if c.model == "" {
 		return
 	}
-	if h.Get(HeaderQueueDepth) == "" {
-		vv := depthValue(c.g.models.QueueDepth(c.model))
-		if m, ok := h.(h1.HeaderFields); ok {
-			m[HeaderQueueDepth] = vv
-		} else {
-			h.Add(HeaderQueueDepth, vv[0])
-		}
+	if headerValue(h, HeaderQueueDepth) == "" {
+		h[HeaderQueueDepth] = depthValue(c.g.models.QueueDepth(c.model))
 	}
 	if c.wake > 0 {
 		h.Set(HeaderWakeMs, strconv.FormatInt(c.wake.Milliseconds(), 10))

@@ -164,22 +164,13 @@ type countedConn struct {
 }
 
 // CloseWrite half-closes a TCP connection, so a server can send its last
-// answer and still read what the client sends (net/http and napd's own
-// server do, before closing a connection with a body unread).
+// answer and still read what the client sends (net/http does, before
+// closing a connection with a body unread).
 func (cc *countedConn) CloseWrite() error {
 	if cw, ok := cc.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
 	return nil
-}
-
-// SyscallConn lets napd's HTTP server read and write the socket itself
-// (internal/h1's sockIO).
-func (cc *countedConn) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := cc.Conn.(syscall.Conn); ok {
-		return sc.SyscallConn()
-	}
-	return nil, errors.ErrUnsupported
 }
 
 func (cc *countedConn) Close() error {

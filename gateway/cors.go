@@ -55,7 +55,11 @@ func (c *call) cors(r *http.Request) bool {
 // dropEngineCORS removes an engine's own CORS headers from an answer napd
 // already set them on: two Access-Control-Allow-Origin values make a
 // browser refuse the answer.
-func dropEngineCORS(h fields) {
+func dropEngineCORS(h http.Header) {
 	// The transport hands response headers over in canonical form.
-	h.DelFunc(func(k string) bool { return strings.HasPrefix(k, "Access-Control-") })
+	for k := range h {
+		if strings.HasPrefix(k, "Access-Control-") {
+			delete(h, k)
+		}
+	}
 }

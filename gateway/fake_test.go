@@ -41,7 +41,8 @@ func newFakeModels(t testing.TB, target string) *fakeModels {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fakeModels{t: t, target: u, done: make(chan Outcome, 100), depth: 3}
+	// The transport napd's links use, as the agent makes it.
+	return &fakeModels{t: t, target: u, transport: NewTransport(64, nil), done: make(chan Outcome, 100), depth: 3}
 }
 
 func (f *fakeModels) Resolve(name string) (string, bool) {
@@ -191,8 +192,7 @@ func newEnv(t *testing.T, engine http.HandlerFunc, opts Options) *env {
 		opts.RequestTimeout = 10 * time.Second
 	}
 	e.gw = New(opts, e.models)
-	e.srv = httptest.NewServer(e.gw.Handler())
-	t.Cleanup(e.srv.Close)
+	e.srv = serveGateway(t, e.gw.Handler(), opts.Logger)
 	e.client = &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(e.client.CloseIdleConnections)
 	return e
@@ -317,6 +317,22 @@ func (o *okEngine) seen() []seen {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return append([]seen(nil), o.reqs...)
+}
+
+// serveGateway serves h as napd serves its gateway sockets: the server
+// NewServer makes (with the default keepalive_timeout), behind a
+// ConnLimit of the default max_connections.
+func serveGateway(t testing.TB, h http.Handler, log *slog.Logger) *httptest.Server {
+	t.Helper()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := httptest.NewUnstartedServer(h)
+	s.Config = NewServer(h, ServerOptions{KeepaliveTimeout: 75 * time.Second, Logger: log})
+	s.Listener = NewConnLimit(4096, log).Listener(s.Listener)
+	s.Start()
+	t.Cleanup(s.Close)
+	return s
 }
 
 // newServer serves h on loopback for the test and returns its URL.

@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/napd/napd/internal/h1"
 )
 
 // frozenListener is a port whose accept queue is full and never drained,
@@ -59,7 +57,10 @@ func TestGateway_ConnectTimeoutIs502(t *testing.T) {
 	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{RequestTimeout: time.Minute})
 	addr := frozenListener(t)
 	e.models.target.Host = addr
-	e.models.transport = &http.Transport{DialContext: (&net.Dialer{Timeout: 300 * time.Millisecond}).DialContext}
+	// napd's transport, with a dial bound shorter than DialTimeout.
+	tr := NewTransport(1, nil)
+	tr.DialContext = (&net.Dialer{Timeout: 300 * time.Millisecond}).DialContext
+	e.models.transport = tr
 	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
 	wantError(t, resp, b, http.StatusBadGateway, "engine_unreachable")
 	if !strings.Contains(string(b), "did not accept a connection in time") {
@@ -71,9 +72,8 @@ func TestGateway_ConnectTimeoutIs502(t *testing.T) {
 }
 
 // An engine that does not answer within the request's deadline: 504 at
-// the deadline, through net/http's transport and napd's h1 (which finds
-// the deadline by asking the context's Err, on a connection it reuses:
-// a dial would wait on the context's Done), and the lease ends cancelled.
+// the deadline, on a connection the transport reuses, and the lease ends
+// cancelled.
 func TestGateway_EngineSilentPastTheDeadlineIs504(t *testing.T) {
 	release := make(chan struct{})
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
@@ -88,8 +88,7 @@ func TestGateway_EngineSilentPastTheDeadlineIs504(t *testing.T) {
 	}, Options{})
 	defer close(release)
 	e.client.Timeout = 10 * time.Second // a missed deadline fails, not hangs
-	for _, rt := range []http.RoundTripper{nil, &h1.Transport{}} {
-		e.models.transport = rt
+	{
 		if resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, map[string]string{"X-Warm": "1"}); resp.StatusCode != 200 {
 			t.Fatalf("warm-up: %d %s", resp.StatusCode, b)
 		}
@@ -183,8 +182,7 @@ func TestGateway_CutAnswerIsNeitherStoredNorEndedAsComplete(t *testing.T) {
 // A request whose connection was refused never reached the engine: it is
 // handed back to the model and waits for the next instance instead of
 // failing with 502, its body sent again whole and its header as the first
-// attempt's; the lease is still ended once. Through net/http's transport
-// and napd's h1.
+// attempt's; the lease is still ended once.
 func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 	engine := &okEngine{}
 	e := newEnv(t, engine.ServeHTTP, Options{})
@@ -192,8 +190,8 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
 	deadURL, _ := url.Parse(dead.URL)
-	for _, rt := range []http.RoundTripper{nil, &h1.Transport{}} {
-		e.models.transport = rt
+	{
+		rt := e.models.transport
 		var reroutes atomic.Int32
 		e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
 			t := e.models.ticket(0)
@@ -225,7 +223,6 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 		}
 		e.models.noMoreDone()
 	}
-	e.models.transport = nil
 
 	// The model cannot take it back: its refusal is the answer.
 	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {

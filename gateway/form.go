@@ -139,7 +139,7 @@ type formUpload struct {
 	length int64 // of the whole body; -1 when unknown
 }
 
-func (u *formUpload) attach(out *http.Request, served string, _ bool) {
+func (u *formUpload) attach(out *http.Request, served string) {
 	var parts []io.Reader
 	n := u.length
 	if served == "" {

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/napd/napd/internal/mono"
 	"github.com/napd/napd/request"
 )
 
@@ -51,7 +50,7 @@ type Options struct {
 	// Observe, when non-nil, is called once per request after its last byte
 	// with what metrics record of it. It must not block.
 	Observe func(Observation)
-	// Now reads the clock for durations; nil means the monotonic clock.
+	// Now reads the clock for durations; nil means time.Now.
 	Now func() time.Time
 	// Routes are paths outside /v1 routed to a model: POST by the JSON
 	// body's `model`, GET by the `model` query parameter.
@@ -125,11 +124,11 @@ type Gateway struct {
 	log     *slog.Logger
 	now     func() time.Time
 	created int64 // unix seconds, the "created" of every /v1/models entry
-	// upgrades serves the requests that ask for a protocol upgrade.
-	upgrades *httputil.ReverseProxy
-	routes   map[string]Route // by path
-	origins  map[string]bool  // CORSOrigins
-	rules    pathRules
+	// proxy forwards every admitted request to its engine.
+	proxy   *httputil.ReverseProxy
+	routes  map[string]Route // by path
+	origins map[string]bool  // CORSOrigins
+	rules   pathRules
 	// spooled, when set (by tests), learns how much of each form's head
 	// was held in memory and on disk.
 	spooled func(inMemory int, onDisk int64)
@@ -142,7 +141,7 @@ func New(opts Options, models Models) *Gateway {
 		g.log = slog.Default()
 	}
 	if g.now == nil {
-		g.now = monoNow
+		g.now = time.Now
 	}
 	if g.opts.WriteTimeout <= 0 {
 		g.opts.WriteTimeout = DefaultWriteTimeout
@@ -152,7 +151,7 @@ func New(opts Options, models Models) *Gateway {
 	}
 	g.rules = newPathRules(opts.UpstreamDeny, opts.UpstreamAllow)
 	g.created = g.now().Unix()
-	g.upgrades = g.newUpgrades()
+	g.proxy = g.newProxy()
 	g.routes = make(map[string]Route, len(opts.Routes))
 	for _, rt := range opts.Routes {
 		g.routes[rt.Path] = rt
@@ -163,11 +162,6 @@ func New(opts Options, models Models) *Gateway {
 	}
 	return g
 }
-
-// monoNow is the clock of durations: a reading of the monotonic clock
-// alone, where time.Now reads the wall clock too (twice the cost, several
-// times per request).
-func monoNow() time.Time { return mono.Time(mono.Now()) }
 
 // APIKeys is the keys the gateway checks (nil when keys are off).
 func (g *Gateway) APIKeys() *APIKeys { return g.opts.APIKeys }
@@ -198,6 +192,15 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 	// stream, a client gone) must reach net/http, and still be logged.
 	defer c.finish(r)
 
+	if len(r.TransferEncoding) > 0 {
+		// A chunked request's connection ends with its answer. RFC 9112
+		// requires it of a request that also had a Content-Length (a
+		// smuggling attempt: two readers of it may not agree on its
+		// end), and net/http removes that header before napd can see
+		// it; a chunked upload is rare enough that one connection each
+		// costs nothing.
+		w.Header().Set("Connection", "close")
+	}
 	// Before the key check: browsers send preflights without credentials.
 	if c.cors(r) {
 		return

@@ -625,16 +625,6 @@ func TestDepthValue(t *testing.T) {
 	}
 }
 
-// The default clock reads durations as time.Now does.
-func TestMonoNow(t *testing.T) {
-	before := time.Now()
-	m := monoNow()
-	after := time.Now()
-	if m.Sub(before) < 0 || after.Sub(m) < 0 {
-		t.Errorf("monoNow %v, not between %v and %v", m, before, after)
-	}
-}
-
 // headerValue looks keys up as they are: each one napd asks for must be
 // canonical, as the header maps' keys are.
 func TestHeaderValueKeysAreCanonical(t *testing.T) {

@@ -330,3 +330,41 @@ func TestGateway_StalledStreamReaderIsCut(t *testing.T) {
 	}
 	waitClosed(t, engineDone, "engine request cancelled")
 }
+
+// TestGateway_UnreadStreamCutAtDeadline: a client that stops reading its
+// stream is cut at the request's deadline, long before the write timeout
+// (a stream never read used to hold the model's slot until write_timeout
+// ran out, well past request_timeout), and its lease released.
+func TestGateway_UnreadStreamCutAtDeadline(t *testing.T) {
+	engineDone := make(chan struct{})
+	chunk := "data: " + strings.Repeat("x", 16<<10) + "\n\n"
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		defer close(engineDone)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for r.Context().Err() == nil {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+	}, Options{WriteTimeout: time.Hour, RequestTimeout: time.Second})
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	body := `{"model":"m1","stream":true}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// Never read: the kernel buffers fill, then napd's writes block. The
+	// bound is far beyond the deadline and far short of the write timeout.
+	select {
+	case o := <-e.models.done:
+		if !o.Cancelled {
+			t.Errorf("unread stream reported complete: %+v", o)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a stream never read holds its lease past the request's deadline")
+	}
+	waitClosed(t, engineDone, "engine request cancelled")
+}

@@ -213,6 +213,11 @@ func ending(w *waiter) {
 		m.learn()
 	}
 	m.lastUsed = now
+	if w.inst != nil && w.inst.gone.Load() {
+		// Its connection went back to the pool of an instance that is
+		// gone: no request will use it again.
+		w.inst.closeIdle()
+	}
 	if w.fault == gateway.FaultConnectTimeout && w.inst == m.eng {
 		m.probeNow() // frozen, or swamped? the health watch tells
 	}

@@ -177,6 +177,11 @@ func newInstance(spec supervisor.Spec, link Link) *instance {
 // fail, on their own connections.
 func (i *instance) retire() {
 	i.gone.Store(true)
+	i.closeIdle()
+}
+
+// closeIdle closes the idle connections of the instance's transport.
+func (i *instance) closeIdle() {
 	if t, ok := i.tr.(interface{ CloseIdleConnections() }); ok {
 		t.CloseIdleConnections()
 	}
