@@ -8,12 +8,13 @@ LDFLAGS := -X main.version=$(VERSION)
 # the systemd test box, which a plain `gofmt -l .` would walk into).
 GOFILES = $(shell $(GO) list -e -f '{{$$d := .Dir}}{{range .GoFiles}}{{$$d}}/{{.}} {{end}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .IgnoredGoFiles}}{{$$d}}/{{.}} {{end}}' ./...)
 
-.PHONY: help build test test-deps lint run bench bench-deps clean deb
+.PHONY: help build test test-deps lint fuzz run bench bench-deps clean deb
 
 help:
 	@echo "make build   build napd, napctl and napd-demo-engine into bin/"
 	@echo "make test    install missing test packages, run every test with -race"
 	@echo "make lint    gofmt, go vet, staticcheck"
+	@echo "make fuzz    every fuzz target of napd's parsers, FUZZTIME (10s) each"
 	@echo "make run     run napd on etc/napd/demo.toml (demo engines, no GPU)"
 	@echo "make bench   wrk vs nginx vs direct, proxy cost, streams, wake, scale -> docs/bench.md (~4 min)"
 	@echo "make clean   remove bin/"
@@ -29,6 +30,9 @@ test-deps:
 test: test-deps
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./...
+
+fuzz:
+	scripts/fuzz.sh
 
 lint:
 	@unformatted=$$(gofmt -l $(GOFILES) </dev/null); \
