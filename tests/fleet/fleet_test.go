@@ -44,6 +44,7 @@ type fleet struct {
 	hosts  []*host
 	front  string // HAProxy's frontend address
 	stats  string // HAProxy's stats page address
+	log    string // HAProxy's log file
 	client *http.Client
 }
 
@@ -119,6 +120,7 @@ func startFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	logPath := filepath.Join(dir, "haproxy.log")
+	f.log = logPath
 	out, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -193,6 +195,8 @@ func TestFleet(t *testing.T) {
 		// host1 never saw one: its qwen, which cannot start, still sleeps.
 		wantState(t, host1, "qwen", "sleeping")
 	})
+
+	t.Run("AmbiguousRequestsReadAlike", func(t *testing.T) { f.ambiguousRequests(t, host2) })
 
 	t.Run("AsleepEverywhereWakesOnOneHost", func(t *testing.T) {
 		// No host has llama awake: the first host that can wake it does.
