@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -307,8 +306,7 @@ func TestGateway_ScopedKeys(t *testing.T) {
 		}
 	}
 	// A dedicated socket checks the key's models too.
-	ded := httptest.NewServer(e.gw.ModelHandler("m1"))
-	defer ded.Close()
+	ded := serveGateway(t, e.gw.ModelHandler("m1"), nil)
 	req, _ := http.NewRequest("POST", ded.URL+"/v1/completions", strings.NewReader(`{}`))
 	req.Header.Set("Authorization", "Bearer sk-m2")
 	if resp, err := e.client.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -220,11 +219,10 @@ func TestGateway_AnnouncedBodyReservesNoMemory(t *testing.T) {
 	models := newFakeModels(t, "http://127.0.0.1:1")
 	gw := New(Options{MaxBody: 16 << 20, Logger: slog.New(slog.DiscardHandler)}, models)
 	h := gw.Handler()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := serveGateway(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = &signalBody{ReadCloser: r.Body, first: reading}
 		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
+	}), nil)
 	var before runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
@@ -275,8 +273,7 @@ func (b *signalBody) Read(p []byte) (int, error) {
 func TestGateway_StalledUploadWithoutDeadlineIs408(t *testing.T) {
 	models := newFakeModels(t, "http://127.0.0.1:1")
 	gw := New(Options{BodyTimeout: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}, models) // no request_timeout
-	srv := httptest.NewServer(gw.Handler())
-	t.Cleanup(srv.Close)
+	srv := serveGateway(t, gw.Handler(), nil)
 	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -31,8 +30,7 @@ func progressEnv(t *testing.T, engine http.HandlerFunc, answer func(*fakeModels)
 		return answer(e.models)
 	}
 	gw := New(Options{RequestTimeout: 10 * time.Second, Logger: e.gw.log, ProgressAfter: time.Millisecond, ProgressEvery: time.Millisecond}, progressModels{e.models})
-	srv := httptest.NewServer(gw.Handler())
-	t.Cleanup(srv.Close)
+	srv := serveGateway(t, gw.Handler(), nil)
 	return srv.URL, release, e.models
 }
 
