@@ -30,7 +30,11 @@ Commands:
   logs MODEL [-n N]             the engine's last output lines (exec supervisor)
   events [-f]                   print state changes (-f: keep following)
   reload                        re-read napd's config file (like systemctl reload napd)
-  config check [FILE]           validate a config file (default: --config)
+  config check [FILE]           validate a config file and its drop-ins (default: --config)
+  config show [MODEL]           the effective configuration (after templates and
+                                drop-ins), each value with the file:line it came from
+  import llama-swap FILE [--out DIR] [--keys FILE]
+                                convert a llama-swap config to napd's (docs/migrating.md)
 
 The socket is --socket, else $NAPD_SOCKET, else agent.control_socket of the
 config file, else /run/napd/control.sock.
