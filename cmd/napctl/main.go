@@ -1,7 +1,9 @@
 // Command napctl controls a running napd over its control socket.
 //
 // It owns the command line only: every command is one control API call
-// (agent/control's client). It must not read napd's state files or touch
+// (agent/control's client), but config check and show, which read the
+// config files, and import, which converts another proxy's configuration
+// (agent/config/llamaswap). It must not read napd's state files or touch
 // engines itself.
 package main
 
@@ -113,6 +115,8 @@ func (c *cli) dispatch(ctx context.Context, cmd string, rest []string) error {
 		return c.reload(ctx, rest)
 	case "config":
 		return c.configCmd(rest)
+	case "import":
+		return c.importCmd(rest)
 	case "help":
 		fmt.Fprint(c.out, usage)
 		return nil
