@@ -27,6 +27,20 @@ func writeTree(t *testing.T, files map[string]string) string {
 	return filepath.Join(dir, "napd.toml")
 }
 
+// loadNames loads path and returns its models' names.
+func loadNames(t *testing.T, path string) (*Config, []string) {
+	t.Helper()
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range cfg.Models {
+		names = append(names, m.Name)
+	}
+	return cfg, names
+}
+
 func loadProblems(t *testing.T, path string) Errors {
 	t.Helper()
 	_, err := Load(path)
@@ -58,14 +72,7 @@ func TestLoad_DropInsInLexicalOrderAfterTheMainFile(t *testing.T) {
 		"napd.d/40-d.toml.dpkg-new":  "[models.new]\n" + minimal,
 		"napd.d/40-d.toml.dpkg-dist": "[models.dist]\n" + minimal,
 	})
-	cfg, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, m := range cfg.Models {
-		names = append(names, m.Name)
-	}
+	cfg, names := loadNames(t, path)
 	if want := []string{"main", "a", "b"}; !slices.Equal(names, want) {
 		t.Errorf("models %v, want %v", names, want)
 	}
@@ -150,15 +157,7 @@ func TestLoad_IncludeDir(t *testing.T) {
 				"other.d/o.toml":   "[models.o]\n" + minimal,
 				"other.d/o.toml.x": "[models.skipped]\n" + minimal,
 			})
-			cfg, err := Load(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var names []string
-			for _, m := range cfg.Models {
-				names = append(names, m.Name)
-			}
-			if !slices.Equal(names, c.want) {
+			if _, names := loadNames(t, path); !slices.Equal(names, c.want) {
 				t.Errorf("models %v, want %v", names, c.want)
 			}
 		})

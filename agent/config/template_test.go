@@ -55,12 +55,28 @@ vars = { hf = "meta/Llama-70B" }
 	}
 }
 
+// problemCase is a file with one problem: at line, of key, message
+// holding msg.
+type problemCase struct {
+	name, src string
+	line      int
+	key, msg  string
+}
+
+func checkProblems(t *testing.T, cases []problemCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			errs := problems(t, c.src)
+			if !hasProblem(errs, "test.toml", c.line, c.key, c.msg) {
+				t.Errorf("want test.toml:%d: %s: %s; got\n%v", c.line, c.key, c.msg, errs)
+			}
+		})
+	}
+}
+
 func TestParse_TemplateProblems(t *testing.T) {
-	tests := []struct {
-		name, src string
-		line      int
-		key, msg  string
-	}{
+	tests := []problemCase{
 		{"unknown template", "[templates.a]\nport = 1\n[models.m]\n" + minimal + "template = \"b\"\n", 5, "models.m.template", `unknown template "b" (defined: a)`},
 		{"no templates", "[models.m]\n" + minimal + "template = \"b\"\n", 3, "models.m.template", "no [templates.*] is defined"},
 		{"template not a string", "[models.m]\n" + minimal + "template = 1\n", 3, "models.m.template", "want a template name"},
@@ -78,14 +94,7 @@ func TestParse_TemplateProblems(t *testing.T) {
 		{"builtin var", "[templates.t]\nvars = { PORT = \"1\" }\n", 2, "templates.t.vars.PORT", "napd's own variable"},
 		{"template's command and model's unit", "[templates.t]\n" + minimal + "[models.m]\ntemplate = \"t\"\nunit = \"m.service\"\nport = 1\n", 5, "models.m.unit", "both set"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			errs := problems(t, tt.src)
-			if !hasProblem(errs, "test.toml", tt.line, tt.key, tt.msg) {
-				t.Errorf("want test.toml:%d: %s: %s; got\n%v", tt.line, tt.key, tt.msg, errs)
-			}
-		})
-	}
+	checkProblems(t, tests)
 }
 
 // A template's bad value is reported once, where it is written, however
@@ -129,11 +138,7 @@ served_name = "Org/N"
 }
 
 func TestParse_SubstitutionProblems(t *testing.T) {
-	tests := []struct {
-		name, src string
-		line      int
-		key, msg  string
-	}{
+	tests := []problemCase{
 		{"unknown", "[models.m]\nport = 1\ncommand = [\"e\", \"${PROT}\"]\n", 3, "models.m.command", "element 1: unknown variable ${PROT} (known: ${PORT}"},
 		{"unknown lists the vars", "[models.m]\n" + minimal + "environment = { A = \"${c}\" }\nvars = { a = \"\", b = \"\" }\n", 3, "models.m.environment", "A: unknown variable ${c} (known: ${PORT}, ${GPUS}, ${MODEL}, ${SERVED_NAME}, ${env:NAME} and the vars a, b"},
 		{"unset env", "[models.m]\n" + minimal + "environment = { A = \"${env:NAPD_TEST_NEVER_SET}\" }\n", 3, "models.m.environment", "NAPD_TEST_NEVER_SET is not set in napd's environment"},
@@ -145,14 +150,7 @@ func TestParse_SubstitutionProblems(t *testing.T) {
 		{"GPUS without gpus", "[models.m]\n" + minimal + "environment = { G = \"${GPUS}\" }\n", 3, "models.m.environment", "${GPUS} is the GPUs napd gives"},
 		{"PORT from a var counts", "[models.m]\ncommand = [\"e\"]\nenvironment = { P = \"${p}\" }\nvars = { p = \"${MODEL}\" }\n", 2, "models.m.command", "pass ${PORT}"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			errs := problems(t, tt.src)
-			if !hasProblem(errs, "test.toml", tt.line, tt.key, tt.msg) {
-				t.Errorf("want test.toml:%d: %s: %s; got\n%v", tt.line, tt.key, tt.msg, errs)
-			}
-		})
-	}
+	checkProblems(t, tests)
 	// ${PORT} through a var is a port mention.
 	mustParse(t, "[models.m]\ncommand = [\"e\", \"${p}\"]\nvars = { p = \"--port=${PORT}\" }\n")
 }

@@ -28,14 +28,7 @@ sleep = "stop"
 func TestReload_DropIns(t *testing.T) {
 	n := harness.Start(t, harness.Options{Models: demo("keep", "") + demoTemplate})
 	ctx := context.Background()
-	napctl := func(t *testing.T, wantOK bool, args ...string) string {
-		t.Helper()
-		out, err := n.Napctl(args...)
-		if (err == nil) != wantOK {
-			t.Fatalf("napctl %s: err %v (want ok %v)\n%s", strings.Join(args, " "), err, wantOK, out)
-		}
-		return out
-	}
+	napctl := func(t *testing.T, wantOK bool, args ...string) string { return runNapctl(t, n, wantOK, args...) }
 	// reloaded waits for the count-th "config reloaded".
 	reloaded := func(count int) {
 		t.Helper()
