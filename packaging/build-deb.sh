@@ -90,6 +90,8 @@ for bin in "$stage"/usr/bin/* "$stage"/usr/lib/napd/*; do
 done
 
 install -D -m 0644 "$top/etc/napd/napd.toml" "$stage/etc/napd/napd.toml"
+# The drop-in directory, empty: the operator's files, not conffiles.
+install -d -m 0755 "$stage/etc/napd/napd.d"
 install -D -m 0644 -t "$stage/lib/systemd/system" "$pkg/systemd/napd.service" "$pkg/systemd/napd.socket"
 install -D -m 0644 "$pkg/sysusers.conf" "$stage/usr/lib/sysusers.d/napd.conf"
 install -D -m 0644 "$pkg/tmpfiles.conf" "$stage/usr/lib/tmpfiles.d/napd.conf"
@@ -104,7 +106,8 @@ done
 doc=$stage/usr/share/doc/napd
 # Uncompressed: the shipped config, the units and the man pages name these
 # paths.
-install -D -m 0644 -t "$doc" "$top/README.md" "$top/docs/install.md" "$top/docs/config.md" "$top/docs/fleet.md"
+install -D -m 0644 -t "$doc" "$top/README.md" "$top/docs/install.md" "$top/docs/config.md" "$top/docs/fleet.md" \
+	"$top/docs/migrating.md"
 install -D -m 0644 -t "$doc/examples" "$top/docs/examples/haproxy.cfg"
 
 maintainer=$(sed -n 's/^Maintainer: //p' "$pkg/debian/control.in")

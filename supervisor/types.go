@@ -18,7 +18,7 @@ import (
 )
 
 // Spec is everything a backend needs to run one model's engine. The agent
-// builds it from the config; ${PORT} is already expanded.
+// builds it from the config; ${PORT} and ${GPUS} are already expanded.
 type Spec struct {
 	Model            string
 	Command          []string // set when napd owns the process

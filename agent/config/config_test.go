@@ -39,6 +39,7 @@ func TestParse_EmptyFileIsDefaults(t *testing.T) {
 	cfg := mustParse(t, "")
 	want := Default()
 	want.Path = "test.toml"
+	want.shown = cfg.shown // what Show prints: TestShow
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("got %+v\nwant %+v", cfg, want)
 	}
@@ -432,6 +433,7 @@ func TestLoad_ShippedFiles(t *testing.T) {
 			// The shipped file shows every default value.
 			want := Default()
 			want.Path = path
+			want.shown = cfg.shown
 			if !reflect.DeepEqual(cfg, want) {
 				t.Errorf("napd.toml differs from the defaults:\n%+v\nwant\n%+v", cfg, want)
 			}
@@ -461,8 +463,8 @@ func TestLoad_ShippedExamplesAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Models) != 3 {
-		t.Errorf("%d example models, want 3", len(cfg.Models))
+	if len(cfg.Models) != 4 {
+		t.Errorf("%d example models, want 4", len(cfg.Models))
 	}
 }
 

@@ -30,7 +30,7 @@ func TestDocs_EveryKeyDocumented(t *testing.T) {
 		"gateway":  keysOf(gatewaySchema(&Gateway{})),
 		"policy":   keysOf(policyTableSchema(&Policy{})),
 		"pressure": keysOf(pressureSchema(&Pressure{})),
-		"models":   keysOf(modelSchema(&m, &pol)),
+		"models":   keysOf(withMeta(modelSchema(&m, &pol))),
 	}
 	documented := docTableKeys(reference)
 	for table, keys := range tables {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +15,6 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/napd/napd/gateway"
-	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/sleepmode"
 )
 
@@ -48,6 +48,7 @@ func Default() *Config {
 			ControlSocket: "/run/napd/control.sock",
 			MetricsListen: "127.0.0.1:9464",
 			LogLevel:      "info",
+			IncludeDir:    DefaultIncludeDir,
 			HeapFloor:     DefaultHeapFloor,
 		},
 		Gateway: Gateway{
@@ -86,46 +87,59 @@ func Default() *Config {
 // `--config /dev/zero` or a runaway file an error instead of a hang.
 const MaxFileSize = 4 << 20
 
-// Load reads and validates the configuration file at path, which must be a
-// regular file of at most MaxFileSize bytes.
-func Load(path string) (*Config, error) {
-	data, err := statefile.ReadRegular(path, MaxFileSize)
-	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	return Parse(path, data)
-}
-
-// Parse validates data, the contents of the file path (used in messages).
-// When data is not valid it returns Errors holding every problem found.
+// Parse validates data, the contents of the file path (used in messages),
+// alone: drop-ins are read by Load. When data is not valid it returns
+// Errors holding every problem found.
 func Parse(path string, data []byte) (*Config, error) {
-	d := &decoder{file: path}
-	cfg := d.decode(data)
-	if len(d.errs) > 0 {
-		// File order; stable, so the problems of one key keep the order
-		// they were found in.
-		slices.SortStableFunc(d.errs, func(a, b Problem) int {
-			return cmp.Or(cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
-		})
-		return nil, d.errs
-	}
-	cfg.Path = path
-	return cfg, nil
+	d := newDecoder()
+	d.readMain(path, data)
+	return d.finish()
 }
 
-// decoder walks the document table by table. Every value is first decoded as
-// a toml.Primitive so that a wrong value does not stop the walk (all problems
-// are reported at once) and so that its line can be found.
+// decoder reads the main file and its drop-ins, then resolves the models.
+// Every value is decoded on its own so that a wrong value does not stop the
+// walk (all problems are reported at once) and so that its line is known.
 type decoder struct {
-	file   string
-	md     toml.MetaData
 	errs   Errors
-	tables map[string]*table // the top-level tables, for cross-table checks
-	decls  []decl            // the models, for cross-table checks
+	order  map[string]int              // file -> its place in reading order, to sort problems
+	getenv func(string) (string, bool) // ${env:NAME}
+	cfg    *Config                     // the main file's tables, decoded as read
+	tables map[string]*table           // the main file's top-level tables
+	models []*table                    // every file's [models.NAME], in reading order
+	tmpls  map[string]*table           // every file's [templates.NAME]
+	decls  []decl                      // the resolved models
 }
 
-func (d *decoder) add(line int, key toml.Key, msg string) {
-	d.errs = append(d.errs, Problem{File: d.file, Line: line, Key: key.String(), Message: msg})
+func newDecoder() *decoder {
+	return &decoder{
+		order:  map[string]int{},
+		getenv: os.LookupEnv,
+		cfg:    Default(),
+		tables: map[string]*table{},
+		tmpls:  map[string]*table{},
+	}
+}
+
+func (d *decoder) add(file string, line int, key toml.Key, msg string) {
+	d.errs = append(d.errs, Problem{File: file, Line: line, Key: key.String(), Message: msg})
+}
+
+// addAt reports a problem with the value e.
+func (d *decoder) addAt(e entry, msg string) { d.add(e.file, e.line, e.path, msg) }
+
+// finish resolves the models of every file read and returns the
+// configuration, or every problem found, sorted by file and line.
+func (d *decoder) finish() (*Config, error) {
+	d.resolveModels()
+	if len(d.errs) > 0 {
+		slices.SortStableFunc(d.errs, func(a, b Problem) int {
+			return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
+		})
+		// A template's value checked for each model that takes it is
+		// reported once.
+		return nil, slices.Compact(d.errs)
+	}
+	return d.cfg, nil
 }
 
 // locator fails every decode; the ParseError the toml package wraps around
@@ -138,30 +152,64 @@ var errLocate = errors.New("locate")
 // UnmarshalTOML implements toml.Unmarshaler.
 func (locator) UnmarshalTOML(any) error { return errLocate }
 
-// line is the line of the value p was decoded from, 0 when unknown.
-func (d *decoder) line(p toml.Primitive) int {
+// file is one TOML document being read.
+type file struct {
+	d    *decoder
+	name string
+	md   toml.MetaData
+}
+
+// line is the line of the value p was decoded from; for an implicit table
+// ([a.b] without [a]), which has no line of its own, its first key's; 0
+// when unknown.
+func (f *file) line(p toml.Primitive) int {
 	var pe toml.ParseError
-	if errors.As(d.md.PrimitiveDecode(p, &locator{}), &pe) {
+	if errors.As(f.md.PrimitiveDecode(p, &locator{}), &pe) && pe.Position.Line > 0 {
 		return pe.Position.Line
 	}
-	return 0
-}
-
-// table is one TOML table whose values are not decoded yet.
-type table struct {
-	path toml.Key
-	line int
-	keys map[string]toml.Primitive
-}
-
-// keyLine is the line of key name in t, or of t itself when name is absent.
-func (d *decoder) keyLine(t *table, name string) int {
-	if p, ok := t.keys[name]; ok {
-		if l := d.line(p); l > 0 {
-			return l
+	var keys map[string]toml.Primitive
+	if f.md.PrimitiveDecode(p, &keys) != nil {
+		return 0
+	}
+	first := 0
+	for _, kp := range keys {
+		if l := f.line(kp); l > 0 && (first == 0 || l < first) {
+			first = l
 		}
 	}
-	return t.line
+	return first
+}
+
+// entry is one key's value as written: decoded, with where it was written.
+type entry struct {
+	raw  any
+	file string
+	line int
+	path toml.Key // the key's full path where it was written
+	tmpl string   // in a model: the template it came from, "" for its own
+}
+
+// table is one TOML table with its keys decoded but not yet checked.
+type table struct {
+	file  string
+	path  toml.Key
+	line  int
+	keys  map[string]entry
+	prims map[string]toml.Primitive // the keys undecoded, to open a table within
+}
+
+// at is the value of key name in t, or, when t has none, where it would be
+// (t's own line).
+func (t *table) at(name string) entry {
+	if e, ok := t.keys[name]; ok {
+		return e
+	}
+	return entry{file: t.file, line: t.line, path: child(t.path, name)}
+}
+
+func (t *table) has(name string) bool {
+	_, ok := t.keys[name]
+	return ok
 }
 
 func child(path toml.Key, name string) toml.Key {
@@ -169,30 +217,30 @@ func child(path toml.Key, name string) toml.Key {
 }
 
 // open decodes p as a table, or reports that it is not one.
-func (d *decoder) open(path toml.Key, p toml.Primitive) (*table, bool) {
-	line := d.line(p)
+func (f *file) open(path toml.Key, p toml.Primitive) (*table, bool) {
+	line := f.line(p)
 	var raw any
-	if err := d.md.PrimitiveDecode(p, &raw); err != nil {
-		d.add(line, path, err.Error())
+	if err := f.md.PrimitiveDecode(p, &raw); err != nil {
+		f.d.add(f.name, line, path, err.Error())
 		return nil, false
 	}
 	if _, ok := raw.(map[string]any); !ok {
-		d.add(line, path, wantType("a table", raw).Error())
+		f.d.add(f.name, line, path, wantType("a table", raw).Error())
 		return nil, false
 	}
-	t := &table{path: path, line: line}
-	if err := d.md.PrimitiveDecode(p, &t.keys); err != nil {
-		d.add(line, path, err.Error())
+	var prims map[string]toml.Primitive
+	if err := f.md.PrimitiveDecode(p, &prims); err != nil {
+		f.d.add(f.name, line, path, err.Error())
 		return nil, false
 	}
-	if t.line == 0 {
-		// An implicit table ([models.x.environment] without [models.x])
-		// has no line of its own: use its first key's.
-		for _, cp := range t.keys {
-			if l := d.line(cp); l > 0 && (t.line == 0 || l < t.line) {
-				t.line = l
-			}
+	t := &table{file: f.name, path: path, line: line, keys: make(map[string]entry, len(prims)), prims: prims}
+	for name, kp := range prims {
+		e := entry{file: f.name, line: f.line(kp), path: child(path, name)}
+		if err := f.md.PrimitiveDecode(kp, &e.raw); err != nil {
+			f.d.addAt(e, err.Error())
+			continue
 		}
+		t.keys[name] = e
 	}
 	return t, true
 }
@@ -200,20 +248,14 @@ func (d *decoder) open(path toml.Key, p toml.Primitive) (*table, bool) {
 // fields decodes every key of t with its setter; keys without one are
 // unknown.
 func (d *decoder) fields(t *table, schema map[string]setter) {
-	for name, p := range t.keys {
-		key := child(t.path, name)
+	for name, e := range t.keys {
 		set, ok := schema[name]
 		if !ok {
-			d.add(d.line(p), key, unknownKey(name, schema))
+			d.addAt(e, unknownKey(name, schema))
 			continue
 		}
-		var raw any
-		if err := d.md.PrimitiveDecode(p, &raw); err != nil {
-			d.add(d.line(p), key, err.Error())
-			continue
-		}
-		if err := set(raw); err != nil {
-			d.add(d.line(p), key, err.Error())
+		if err := set.set(e.raw); err != nil {
+			d.addAt(e, err.Error())
 		}
 	}
 }
@@ -230,48 +272,137 @@ func unknownKey[V any](name string, known map[string]V) string {
 	return "unknown key"
 }
 
-func (d *decoder) decode(data []byte) *Config {
+// read parses one file's TOML and returns its top-level tables.
+func (d *decoder) read(name string, data []byte) (*file, map[string]toml.Primitive, bool) {
+	if _, ok := d.order[name]; !ok {
+		d.order[name] = len(d.order)
+	}
 	var top map[string]toml.Primitive
 	md, err := toml.Decode(string(data), &top)
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
-			d.errs = append(d.errs, Problem{File: d.file, Line: pe.Position.Line, Message: pe.Message})
+			d.errs = append(d.errs, Problem{File: name, Line: pe.Position.Line, Message: pe.Message})
 		} else {
-			d.errs = append(d.errs, Problem{File: d.file, Message: err.Error()})
+			d.errs = append(d.errs, Problem{File: name, Message: err.Error()})
 		}
-		return nil
+		return nil, nil, false
 	}
-	d.md = md
-	cfg := Default()
-	sections := map[string]func(*table){
-		"agent":    func(t *table) { d.fields(t, agentSchema(&cfg.Agent)) },
-		"gateway":  func(t *table) { d.fields(t, gatewaySchema(&cfg.Gateway)) },
-		"policy":   func(t *table) { d.fields(t, policyTableSchema(&cfg.Policy)) },
-		"pressure": func(t *table) { d.fields(t, pressureSchema(&cfg.Pressure)) },
-		"models":   nil, // after [policy]: models inherit from it
+	return &file{d: d, name: name, md: md}, top, true
+}
+
+// hostTables are the tables of the main file alone: they configure napd
+// itself, not one model.
+var hostTables = []string{"agent", "gateway", "policy", "pressure"}
+
+// readMain reads the main configuration file.
+func (d *decoder) readMain(name string, data []byte) {
+	d.cfg.Path = name
+	f, top, ok := d.read(name, data)
+	if !ok {
+		return
+	}
+	cfg := d.cfg
+	schemas := map[string]map[string]setter{
+		"agent":    agentSchema(&cfg.Agent),
+		"gateway":  gatewaySchema(&cfg.Gateway),
+		"policy":   policyTableSchema(&cfg.Policy),
+		"pressure": pressureSchema(&cfg.Pressure),
+	}
+	known := map[string]bool{"models": true, "templates": true}
+	for _, name := range hostTables {
+		known[name] = true
 	}
 	for name, p := range top {
-		if _, ok := sections[name]; !ok {
-			d.add(d.line(p), toml.Key{name}, unknownKey(name, sections))
+		if !known[name] {
+			d.add(f.name, f.line(p), toml.Key{name}, unknownKey(name, known))
 		}
 	}
-	d.tables = map[string]*table{}
-	for _, name := range []string{"agent", "gateway", "policy", "pressure"} {
+	for _, name := range hostTables {
 		if p, ok := top[name]; ok {
-			if t, ok := d.open(toml.Key{name}, p); ok {
+			if t, ok := f.open(toml.Key{name}, p); ok {
 				d.tables[name] = t
-				sections[name](t)
+				d.fields(t, schemas[name])
 			}
 		}
 	}
-	if p, ok := top["models"]; ok {
-		if t, ok := d.open(toml.Key{"models"}, p); ok {
-			cfg.Models = d.models(t, cfg)
+	d.collect(f, top)
+}
+
+// readDropIn reads one file of the include directory: models and templates
+// only.
+func (d *decoder) readDropIn(name string, data []byte) {
+	f, top, ok := d.read(name, data)
+	if !ok {
+		return
+	}
+	for key, p := range top {
+		switch {
+		case key == "models" || key == "templates":
+		case slices.Contains(hostTables, key):
+			d.add(f.name, f.line(p), toml.Key{key}, fmt.Sprintf("[%s] belongs in the main file %s: a drop-in holds [models.*] and [templates.*] only", key, d.cfg.Path))
+		default:
+			d.add(f.name, f.line(p), toml.Key{key}, "unknown key: a drop-in holds [models.*] and [templates.*] only")
 		}
 	}
-	d.checkListens(cfg)
-	return cfg
+	d.collect(f, top)
+}
+
+// collect takes the models and templates of one file, in the file's order,
+// and reports a name already defined by an earlier file.
+func (d *decoder) collect(f *file, top map[string]toml.Primitive) {
+	for _, kind := range []string{"models", "templates"} {
+		p, ok := top[kind]
+		if !ok {
+			continue
+		}
+		t, ok := f.open(toml.Key{kind}, p)
+		if !ok {
+			continue
+		}
+		// File order; the map from the decoder has none.
+		var names []string
+		for _, k := range f.md.Keys() {
+			if len(k) >= 2 && k[0] == kind && !slices.Contains(names, k[1]) {
+				names = append(names, k[1])
+			}
+		}
+		for _, name := range names {
+			p, ok := t.prims[name]
+			if !ok {
+				continue
+			}
+			mt, ok := f.open(child(t.path, name), p)
+			if err := validModelName(name); err != nil {
+				d.add(f.name, f.line(p), child(t.path, name), strings.Replace(err.Error(), "model name", strings.TrimSuffix(kind, "s")+" name", 1))
+			}
+			if !ok {
+				continue
+			}
+			if kind == "models" {
+				if prev := d.modelTable(name); prev != nil {
+					d.add(mt.file, mt.line, mt.path, fmt.Sprintf("model %s is already defined at %s:%d", name, prev.file, prev.line))
+					continue
+				}
+				d.models = append(d.models, mt)
+			} else {
+				if prev := d.tmpls[name]; prev != nil {
+					d.add(mt.file, mt.line, mt.path, fmt.Sprintf("template %s is already defined at %s:%d", name, prev.file, prev.line))
+					continue
+				}
+				d.tmpls[name] = mt
+			}
+		}
+	}
+}
+
+func (d *decoder) modelTable(name string) *table {
+	for _, t := range d.models {
+		if t.path[len(t.path)-1] == name {
+			return t
+		}
+	}
+	return nil
 }
 
 // checkListens reports two of napd's own listen addresses (gateway.listen,
@@ -282,39 +413,35 @@ func (d *decoder) decode(data []byte) *Config {
 func (d *decoder) checkListens(cfg *Config) {
 	type claim struct {
 		addr, owner string
-		line        int
-		key         toml.Key
+		at          entry
 	}
 	var claims []claim
-	at := func(table, key string) (int, toml.Key) {
-		t := d.tables[table]
-		if t == nil {
-			return 0, toml.Key{table, key}
+	at := func(tbl, key string) entry {
+		if t := d.tables[tbl]; t != nil {
+			return t.at(key)
 		}
-		return d.keyLine(t, key), child(t.path, key)
+		return entry{file: cfg.Path, path: toml.Key{tbl, key}}
 	}
 	for _, l := range cfg.Gateway.Listen {
-		line, k := at("gateway", "listen")
-		claims = append(claims, claim{l, "gateway.listen", line, k})
+		claims = append(claims, claim{l, "gateway.listen", at("gateway", "listen")})
 	}
 	for _, a := range []struct{ key, addr string }{
 		{"metrics_listen", cfg.Agent.MetricsListen},
 		{"haproxy_agent_listen", cfg.Agent.HAProxyAgentListen},
 	} {
 		if a.addr != "" {
-			line, k := at("agent", a.key)
-			claims = append(claims, claim{a.addr, "agent." + a.key, line, k})
+			claims = append(claims, claim{a.addr, "agent." + a.key, at("agent", a.key)})
 		}
 	}
 	for _, dc := range d.decls {
 		if dc.m.Listen != "" {
-			claims = append(claims, claim{dc.m.Listen, "models." + dc.m.Name + ".listen", d.keyLine(dc.t, "listen"), child(dc.t.path, "listen")})
+			claims = append(claims, claim{dc.m.Listen, "models." + dc.m.Name + ".listen", dc.t.at("listen")})
 		}
 	}
 	for i, c := range claims {
 		for _, prev := range claims[:i] {
 			if listensOverlap(prev.addr, c.addr) {
-				d.add(c.line, c.key, fmt.Sprintf("%s collides with %s %s: both cannot listen", c.addr, prev.owner, prev.addr))
+				d.addAt(c.at, fmt.Sprintf("%s collides with %s %s: both cannot listen", c.addr, prev.owner, prev.addr))
 				break
 			}
 		}
@@ -365,6 +492,7 @@ func agentSchema(a *Agent) map[string]setter {
 		"events_address":       setString(&a.EventsAddress, optional(zmqAddress)),
 		"haproxy_agent_listen": setString(&a.HAProxyAgentListen, optional(hostPort)),
 		"log_level":            setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
+		"include_dir":          setString(&a.IncludeDir, commandArg),
 		"cpus":                 setInt(&a.CPUs, 0, 1<<12),
 		"heap_floor":           setSizeUpTo(&a.HeapFloor, MaxHeapFloor),
 	}
@@ -489,87 +617,98 @@ type decl struct {
 	t *table
 }
 
-func (d *decoder) models(t *table, cfg *Config) []*Model {
-	// Models keep file order; the map from the decoder has none.
-	var names []string
-	for _, k := range d.md.Keys() {
-		if len(k) >= 2 && k[0] == "models" && !slices.Contains(names, k[1]) {
-			names = append(names, k[1])
+// resolveModels decodes every model of every file read, with its
+// templates and substitutions, and checks them against each other.
+func (d *decoder) resolveModels() {
+	cfg := d.cfg
+	for _, name := range hostTables {
+		t := d.tables[name]
+		if t == nil {
+			t = &table{file: cfg.Path, path: toml.Key{name}}
 		}
+		d.record(t, hostSchema(cfg, name), nil)
 	}
-	var decls []decl
-	for _, name := range names {
-		p, ok := t.keys[name]
-		if !ok {
-			continue
-		}
-		path := child(t.path, name)
-		mt, ok := d.open(path, p)
-		if err := validModelName(name); err != nil {
-			d.add(d.line(p), path, err.Error())
-		}
-		if !ok {
-			continue
-		}
+	d.checkTemplates()
+	for _, own := range d.models {
+		name := own.path[len(own.path)-1]
+		mt, tmpls, vars := d.withTemplates(own)
 		m, pol := newModel(name), cfg.Policy
-		d.fields(mt, modelSchema(m, &pol))
+		schema := modelSchema(m, &pol)
+		d.substitute(mt, name, vars)
+		d.fields(mt, withMeta(schema))
 		m.setPolicy(pol)
 		// [gateway] is decoded before the models.
 		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
 		d.checkModel(m, mt)
-		decls = append(decls, decl{m, mt})
+		d.decls = append(d.decls, decl{m, mt})
+		d.record(mt, schema, tmpls)
 	}
-	d.checkUnique(decls, cfg)
-	d.decls = decls
-	models := make([]*Model, len(decls))
-	for i, dc := range decls {
-		models[i] = dc.m
+	d.checkUnique(d.decls, cfg)
+	for _, dc := range d.decls {
+		cfg.Models = append(cfg.Models, dc.m)
 	}
-	return models
+	d.checkListens(cfg)
+}
+
+// hostSchema is the schema of the host table name, decoding into cfg.
+func hostSchema(cfg *Config, name string) map[string]setter {
+	switch name {
+	case "agent":
+		return agentSchema(&cfg.Agent)
+	case "gateway":
+		return gatewaySchema(&cfg.Gateway)
+	case "policy":
+		return policyTableSchema(&cfg.Policy)
+	}
+	return pressureSchema(&cfg.Pressure)
 }
 
 // checkModel checks the keys of one model against each other.
 func (d *decoder) checkModel(m *Model, t *table) {
-	_, hasCmd := t.keys["command"]
-	_, hasUnit := t.keys["unit"]
-	_, hasAddr := t.keys["address"]
+	hasCmd, hasUnit, hasAddr := t.has("command"), t.has("unit"), t.has("address")
 	switch {
 	case hasCmd && hasUnit:
-		d.add(d.keyLine(t, "unit"), child(t.path, "unit"), "command and unit are both set: set exactly one")
+		d.addAt(t.at("unit"), "command and unit are both set: set exactly one")
 	case !hasCmd && !hasUnit:
-		d.add(t.line, t.path, "neither command nor unit is set: set command (napd runs the engine) or unit (an operator-managed unit)")
+		d.add(t.file, t.line, t.path, "neither command nor unit is set: set command (napd runs the engine) or unit (an operator-managed unit)")
 	}
 	switch m.Transport {
 	case TransportZMQ:
 		if !hasAddr {
-			d.add(t.line, t.path, `transport = "zmq" needs address`)
+			d.add(t.file, t.line, t.path, `transport = "zmq" needs address`)
 		}
 		if m.Evidence != EvidenceAuto {
-			d.add(d.keyLine(t, "evidence"), child(t.path, "evidence"), `a transport = "zmq" worker reports its own activity: leave evidence at "auto"`)
+			d.addAt(t.at("evidence"), `a transport = "zmq" worker reports its own activity: leave evidence at "auto"`)
 		}
 		// The vLLM and SGLang strategies call HTTP endpoints a ZMQ worker has not.
 		if m.Sleep != sleepmode.Stop && m.Sleep != sleepmode.None {
-			d.add(d.keyLine(t, "sleep"), child(t.path, "sleep"), fmt.Sprintf(`sleep = %q needs an HTTP engine: a transport = "zmq" worker sleeps by "stop" or "none"`, m.Sleep))
+			d.addAt(t.at("sleep"), fmt.Sprintf(`sleep = %q needs an HTTP engine: a transport = "zmq" worker sleeps by "stop" or "none"`, m.Sleep))
 		}
 	case TransportHTTP:
 		if hasAddr {
-			d.add(d.keyLine(t, "address"), child(t.path, "address"), `only used with transport = "zmq"`)
+			d.addAt(t.at("address"), `only used with transport = "zmq"`)
 		}
 		if m.Port == 0 && m.Unit != "" && !hasCmd {
-			d.add(d.keyLine(t, "unit"), child(t.path, "port"), "an operator-managed unit listens on a port of its own: set port")
+			at := t.at("unit")
+			at.path = child(t.path, "port")
+			d.addAt(at, "an operator-managed unit listens on a port of its own: set port")
 		}
-		if m.Port == 0 && hasCmd && !hasUnit && len(m.Command) > 0 && !mentionsPort(m) {
-			d.add(d.keyLine(t, "command"), child(t.path, "command"),
-				"port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it")
+		if m.Port == 0 && hasCmd && !hasUnit && len(m.Command) > 0 && !m.mentions(varPort) {
+			d.addAt(t.at("command"), "port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it")
 		}
 	}
 	if m.GPUCount > 0 && hasUnit {
-		d.add(d.keyLine(t, "gpus"), child(t.path, "gpus"),
-			"napd cannot choose the GPUs of an operator-managed unit: list them (gpus = [0]) or use command")
+		d.addAt(t.at("gpus"), "napd cannot choose the GPUs of an operator-managed unit: list them (gpus = [0]) or use command")
 	}
-	if _, set := t.keys["activity_metrics"]; set && m.Evidence != EvidenceAuto && m.Evidence != EvidenceMetrics {
-		d.add(d.keyLine(t, "activity_metrics"), child(t.path, "activity_metrics"),
-			fmt.Sprintf(`only used with evidence = "auto" or "metrics", not %q`, m.Evidence))
+	if len(m.GPUs) == 0 && m.GPUCount == 0 && m.mentions(varGPUs) {
+		at := t.at("command")
+		if !slices.ContainsFunc(m.Command, func(s string) bool { return mentions(s, varGPUs) }) {
+			at = t.at("environment")
+		}
+		d.addAt(at, "${GPUS} is the GPUs napd gives the engine, and gpus is not set: set gpus (a list, \"any\" or { count = N })")
+	}
+	if t.has("activity_metrics") && m.Evidence != EvidenceAuto && m.Evidence != EvidenceMetrics {
+		d.addAt(t.at("activity_metrics"), fmt.Sprintf(`only used with evidence = "auto" or "metrics", not %q`, m.Evidence))
 	}
 }
 
@@ -583,20 +722,6 @@ func addrPort(addr string) int {
 	return n
 }
 
-func mentionsPort(m *Model) bool {
-	for _, s := range m.Command {
-		if strings.Contains(s, portVar) {
-			return true
-		}
-	}
-	for _, s := range m.Environment {
-		if strings.Contains(s, portVar) {
-			return true
-		}
-	}
-	return false
-}
-
 // checkUnique reports names, aliases, ports and listen addresses that two
 // models (or a model and the gateway) claim. A model's port must not be a
 // port napd itself listens on (the gateway, the metrics, the HAProxy agent
@@ -607,7 +732,11 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 	for _, dc := range decls {
 		isModel[dc.m.Name] = true
 	}
-	aliasOwner := map[string]string{}
+	type owner struct {
+		model string
+		at    entry
+	}
+	aliasOwner := map[string]owner{}
 	portOwner := map[int]string{}
 	listenPort := map[int]string{} // napd's own listen ports, for the engines' ports
 	addListen := func(addr, owner string) {
@@ -629,31 +758,29 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 	}
 	for _, dc := range decls {
 		m := dc.m
-		key := func(k string) (int, toml.Key) { return d.keyLine(dc.t, k), child(dc.t.path, k) }
 		for _, a := range m.Aliases {
-			line, k := key("aliases")
-			switch owner, dup := aliasOwner[a]; {
+			at := dc.t.at("aliases")
+			switch prev, dup := aliasOwner[a]; {
 			case isModel[a]:
-				d.add(line, k, fmt.Sprintf("alias %q is the name of model %s", a, a))
-			case dup && owner == m.Name:
-				d.add(line, k, fmt.Sprintf("alias %q is listed twice", a))
+				d.addAt(at, fmt.Sprintf("alias %q is the name of model %s", a, a))
+			case dup && prev.model == m.Name:
+				d.addAt(at, fmt.Sprintf("alias %q is listed twice", a))
 			case dup:
-				d.add(line, k, fmt.Sprintf("alias %q is already an alias of model %s", a, owner))
+				d.addAt(at, fmt.Sprintf("alias %q is already an alias of model %s (%s:%d)", a, prev.model, prev.at.file, prev.at.line))
 			default:
-				aliasOwner[a] = m.Name
+				aliasOwner[a] = owner{m.Name, at}
 			}
 		}
 		if m.Port != 0 && m.Transport == TransportHTTP {
-			line, k := key("port")
+			at := dc.t.at("port")
 			if owner, dup := portOwner[m.Port]; dup {
-				d.add(line, k, fmt.Sprintf("port %d is already used by model %s", m.Port, owner))
+				d.addAt(at, fmt.Sprintf("port %d is already used by model %s", m.Port, owner))
 			} else {
 				portOwner[m.Port] = m.Name
 			}
 			if owner, ok := listenPort[m.Port]; ok {
-				d.add(line, k, fmt.Sprintf("port %d is napd's own: %s listens on it", m.Port, owner))
+				d.addAt(at, fmt.Sprintf("port %d is napd's own: %s listens on it", m.Port, owner))
 			}
 		}
-
 	}
 }

@@ -43,14 +43,18 @@ const (
 
 // Config is a loaded, validated configuration.
 type Config struct {
-	// Path is the file it was read from.
+	// Path is the main file it was read from; DropIns the files of its
+	// include directory that were read after it, in order.
 	Path     string
+	DropIns  []string
 	Agent    Agent
 	Gateway  Gateway
 	Policy   Policy
 	Pressure Pressure
-	// Models in the order they appear in the file.
+	// Models in the order they appear in the files.
 	Models []*Model
+
+	shown []shownTable // for Show and Settings
 }
 
 // Agent is the [agent] table.
@@ -63,6 +67,9 @@ type Agent struct {
 	// HAProxyAgentListen is the HAProxy agent-check address; "" = off.
 	HAProxyAgentListen string
 	LogLevel           string // "debug" | "info" | "warn" | "error"
+	// IncludeDir holds drop-ins read after the main file; relative to the
+	// main file's directory (see Config.DropInDir); "" = none.
+	IncludeDir string
 	// CPUs is how many threads run napd's own Go code at once
 	// (GOMAXPROCS); 0 = auto (see agent.Procs).
 	CPUs int
@@ -154,7 +161,7 @@ type Model struct {
 	Name string
 
 	// Exactly one of Command and Unit is set.
-	Command []string // ${PORT} not yet expanded: see ExpandPort
+	Command []string // ${PORT} and ${GPUS} not yet expanded: see ExpandPort, ExpandGPUs
 	Unit    string
 
 	Port    int // 0 = allocate a free port at start

@@ -56,6 +56,36 @@ func ParseSize(s string) (int64, error) {
 	return bytes.Int64(), nil
 }
 
+// FormatSize writes n bytes in the largest binary unit that holds it
+// whole ("24GiB", "1536MiB", "0"), as ParseSize reads it.
+func FormatSize(n int64) string {
+	if n == 0 {
+		return "0"
+	}
+	for _, u := range []string{"TiB", "GiB", "MiB", "KiB"} {
+		if m := sizeUnits[u]; n%m == 0 {
+			return strconv.FormatInt(n/m, 10) + u
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
+}
+
+// formatDuration writes d as ParseDuration reads it, without Go's zero
+// minutes and seconds ("1h", "10m", "1h30m", "90s", "0").
+func formatDuration(d time.Duration) string {
+	if d == 0 {
+		return "0"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 // ParseDuration parses a non-negative duration such as "90s", "10m",
 // "1h30m" or "0".
 func ParseDuration(s string) (time.Duration, error) {
@@ -93,12 +123,16 @@ func wantType(want string, got any) error {
 }
 
 // The setters below decode one raw TOML value into a typed destination and
-// check it; they are composed into each table's schema.
+// check it; they are composed into each table's schema. Each also reads the
+// destination back as a TOML value (for `napctl config show`).
 
-type setter func(raw any) error
+type setter struct {
+	set func(raw any) error
+	get func() any
+}
 
 func setString(dst *string, check func(string) error) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return *dst }, set: func(raw any) error {
 		s, ok := raw.(string)
 		if !ok {
 			return wantType("a string", raw)
@@ -110,7 +144,7 @@ func setString(dst *string, check func(string) error) setter {
 		}
 		*dst = s
 		return nil
-	}
+	}}
 }
 
 func setEnum(dst *string, allowed ...string) setter {
@@ -134,7 +168,7 @@ func quoteList(vals []string) string {
 
 // setDuration parses a duration string; zeroOK allows "0".
 func setDuration(dst *time.Duration, zeroOK bool) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return formatDuration(*dst) }, set: func(raw any) error {
 		s, ok := raw.(string)
 		if !ok {
 			return fmt.Errorf("want a duration string such as \"90s\", got %s", tomlType(raw))
@@ -148,12 +182,12 @@ func setDuration(dst *time.Duration, zeroOK bool) setter {
 		}
 		*dst = d
 		return nil
-	}
+	}}
 }
 
 // setSize parses a size string; zeroOK allows "0".
 func setSize(dst *int64, zeroOK bool) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return FormatSize(*dst) }, set: func(raw any) error {
 		s, ok := raw.(string)
 		if !ok {
 			return fmt.Errorf("want a size string such as \"24GiB\", got %s", tomlType(raw))
@@ -167,25 +201,25 @@ func setSize(dst *int64, zeroOK bool) setter {
 		}
 		*dst = n
 		return nil
-	}
+	}}
 }
 
 // setSizeUpTo is setSize for a size of 0 to most bytes.
 func setSizeUpTo(dst *int64, most int64) setter {
-	set := setSize(dst, true)
-	return func(raw any) error {
-		if err := set(raw); err != nil {
+	s := setSize(dst, true)
+	return setter{get: s.get, set: func(raw any) error {
+		if err := s.set(raw); err != nil {
 			return err
 		}
 		if *dst > most {
 			return fmt.Errorf("%d bytes is more than the most allowed, %d MiB", *dst, most>>20)
 		}
 		return nil
-	}
+	}}
 }
 
 func setInt(dst *int, lo, hi int64) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return int64(*dst) }, set: func(raw any) error {
 		n, ok := raw.(int64)
 		if !ok {
 			return wantType("an integer", raw)
@@ -195,23 +229,23 @@ func setInt(dst *int, lo, hi int64) setter {
 		}
 		*dst = int(n)
 		return nil
-	}
+	}}
 }
 
 func setBool(dst *bool) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return *dst }, set: func(raw any) error {
 		b, ok := raw.(bool)
 		if !ok {
 			return wantType("a boolean (true or false)", raw)
 		}
 		*dst = b
 		return nil
-	}
+	}}
 }
 
 // setFloat accepts an integer too: `psi_some_avg10 = 20` means 20.0.
 func setFloat(dst *float64, lo, hi float64) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return *dst }, set: func(raw any) error {
 		var f float64
 		switch v := raw.(type) {
 		case float64:
@@ -226,12 +260,12 @@ func setFloat(dst *float64, lo, hi float64) setter {
 		}
 		*dst = f
 		return nil
-	}
+	}}
 }
 
 // setStrings decodes an array of strings, checking each element.
 func setStrings(dst *[]string, check func(string) error) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return nonNil(*dst) }, set: func(raw any) error {
 		arr, ok := raw.([]any)
 		if !ok {
 			return wantType("an array of strings", raw)
@@ -251,15 +285,36 @@ func setStrings(dst *[]string, check func(string) error) setter {
 		}
 		*dst = out
 		return nil
+	}}
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
 	}
+	return s
+}
+
+func nonNilMap(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
 }
 
 // setRoutes decodes gateway.routes: "METHOD /path" strings, each once.
 func setRoutes(dst *[]Route) setter {
 	var specs []string
 	decode := setStrings(&specs, nil)
-	return func(raw any) error {
-		if err := decode(raw); err != nil {
+	get := func() any {
+		out := make([]string, len(*dst))
+		for i, r := range *dst {
+			out[i] = r.Method + " " + r.Path
+		}
+		return out
+	}
+	return setter{get: get, set: func(raw any) error {
+		if err := decode.set(raw); err != nil {
 			return err
 		}
 		routes := make([]Route, 0, len(specs))
@@ -277,7 +332,7 @@ func setRoutes(dst *[]Route) setter {
 		}
 		*dst = routes
 		return nil
-	}
+	}}
 }
 
 // parseRoute reads "POST /completion" or "GET /props". napd's own paths
@@ -331,8 +386,8 @@ func hasControl(s string) bool {
 func setCommand(dst *[]string) setter {
 	var argv []string
 	decode := setStrings(&argv, commandArg)
-	return func(raw any) error {
-		if err := decode(raw); err != nil {
+	return setter{get: func() any { return nonNil(*dst) }, set: func(raw any) error {
+		if err := decode.set(raw); err != nil {
 			return err
 		}
 		if len(argv) == 0 {
@@ -343,14 +398,27 @@ func setCommand(dst *[]string) setter {
 		}
 		*dst = argv
 		return nil
-	}
+	}}
 }
 
 // setGPUs decodes gpus: a fixed list of indexes, "any" (napd chooses one
 // GPU at each wake) or { count = N } (napd chooses N). count is set to 0
 // for a fixed list.
 func setGPUs(dst *[]int, count *int) setter {
-	return func(raw any) error {
+	get := func() any {
+		switch {
+		case *count == 1 && *dst == nil:
+			return "any"
+		case *count > 0:
+			return map[string]any{"count": int64(*count)}
+		}
+		out := make([]any, len(*dst))
+		for i, g := range *dst {
+			out[i] = int64(g)
+		}
+		return out
+	}
+	return setter{get: get, set: func(raw any) error {
 		switch v := raw.(type) {
 		case string:
 			if v != "any" {
@@ -396,15 +464,15 @@ func setGPUs(dst *[]int, count *int) setter {
 		}
 		*dst, *count = out, 0
 		return nil
-	}
+	}}
 }
 
 // setWindows decodes keep_awake: an array of windows (see ParseWindow).
 func setWindows(dst *[]Window) setter {
 	var texts []string
 	decode := setStrings(&texts, nil)
-	return func(raw any) error {
-		if err := decode(raw); err != nil {
+	return setter{get: decode.get, set: func(raw any) error {
+		if err := decode.set(raw); err != nil {
 			return err
 		}
 		out := make([]Window, 0, len(texts))
@@ -417,13 +485,13 @@ func setWindows(dst *[]Window) setter {
 		}
 		*dst = out
 		return nil
-	}
+	}}
 }
 
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func setEnvironment(dst *map[string]string) setter {
-	return func(raw any) error {
+	return setter{get: func() any { return nonNilMap(*dst) }, set: func(raw any) error {
 		tbl, ok := raw.(map[string]any)
 		if !ok {
 			return wantType("a table of strings", raw)
@@ -441,7 +509,7 @@ func setEnvironment(dst *map[string]string) setter {
 		}
 		*dst = out
 		return nil
-	}
+	}}
 }
 
 // Checks used by several setters.

@@ -93,6 +93,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 		if gpus != nil {
 			spec.GPUs = gpus // chosen for this wake: CUDA_VISIBLE_DEVICES
 		}
+		spec.Command, spec.Environment = config.ExpandGPUs(spec.Command, spec.Environment, spec.GPUs)
 		ctx, stop := context.WithTimeout(roomCtx, m.cfg.WakeTimeout)
 		defer stop()
 		m.opMu.Lock()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,7 +97,8 @@ func testConfig(name string) *config.Model {
 }
 
 func specFor(cfg *config.Model, port int) supervisor.Spec {
-	return supervisor.Spec{Model: cfg.Name, Port: port, Sleep: cfg.Sleep, StopTimeout: cfg.StopTimeout}
+	return supervisor.Spec{Model: cfg.Name, Command: cfg.Command, Environment: cfg.Environment, GPUs: cfg.GPUs,
+		Port: port, Sleep: cfg.Sleep, StopTimeout: cfg.StopTimeout}
 }
 
 // newRig starts a model whose engine the supervisor finds in state found.
@@ -703,6 +705,39 @@ func TestCancelYieldServesTheQueue(t *testing.T) {
 	inFlight.Done(gateway.Outcome{})
 	r.granted(late).Done(gateway.Outcome{})
 	r.noCall()
+}
+
+// ${GPUS} is filled in at each wake with the GPUs chosen for it, and "$${"
+// becomes "${" then: the engine is started with the final command line.
+func TestWakeExpandsGPUs(t *testing.T) {
+	gpus := make(chan []int, 2)
+	gpus <- []int{1, 3}
+	gpus <- []int{0}
+	r := newRigWith(t, supervisor.Stopped, func(c *config.Model) {
+		c.GPUCount = 2
+		c.Command = []string{"engine", "--devices=${GPUS}", "$${HOME}"}
+		c.Environment = map[string]string{"DEV": "${GPUS}"}
+	}, func(d *Deps) {
+		d.MakeRoom = func(context.Context, string, func(string)) ([]int, error) { return <-gpus, nil }
+	})
+	r.expect(lifecycle.Sleeping)
+	for _, want := range []string{"1,3", "0"} {
+		a := r.admit(context.Background())
+		wake := r.next("wake")
+		if got := wake.spec.Command; !slices.Equal(got, []string{"engine", "--devices=" + want, "${HOME}"}) || wake.spec.Environment["DEV"] != want {
+			t.Errorf("wake started %q with %v, want --devices=%s", got, wake.spec.Environment, want)
+		}
+		wake.reply <- nil
+		r.granted(a).Done(gateway.Outcome{})
+		slept := r.operatorSleep()
+		r.next("sleep").reply <- nil
+		if err := <-slept; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := r.m.Snapshot().Spec; s.Command[1] != "--devices=${GPUS}" {
+		t.Errorf("the model's spec changed: %q", s.Command)
+	}
 }
 
 // A wake waiting for GPU memory says for whom in its state's reason; a

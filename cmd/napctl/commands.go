@@ -294,8 +294,11 @@ func eventLine(e control.Event) string {
 }
 
 func (c *cli) configCmd(args []string) error {
-	if len(args) == 0 || args[0] != "check" {
-		return usageError{"config: want 'config check [FILE]'"}
+	if len(args) == 0 || (args[0] != "check" && args[0] != "show") {
+		return usageError{"config: want 'config check [FILE]' or 'config show [MODEL]'"}
+	}
+	if args[0] == "show" {
+		return c.configShow(args[1:])
 	}
 	rest, err := c.subFlags("config check", "config check [FILE]", args[1:], nil)
 	if err != nil {
@@ -313,6 +316,27 @@ func (c *cli) configCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.out, "%s: ok (%d models)\n", path, len(cfg.Models))
+	fmt.Fprintf(c.out, "%s: ok (%s)\n", path, cfg.Summary())
 	return nil
+}
+
+// configShow prints the effective configuration of --config and its
+// drop-ins, or of one model.
+func (c *cli) configShow(args []string) error {
+	rest, err := c.subFlags("config show", "config show [MODEL]", args, nil)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 1 {
+		return usageError{"config show: at most one MODEL"}
+	}
+	cfg, err := config.Load(c.config)
+	if err != nil {
+		return err
+	}
+	var model string
+	if len(rest) == 1 {
+		model = rest[0]
+	}
+	return cfg.Show(c.out, model)
 }

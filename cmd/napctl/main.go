@@ -1,7 +1,9 @@
 // Command napctl controls a running napd over its control socket.
 //
 // It owns the command line only: every command is one control API call
-// (agent/control's client). It must not read napd's state files or touch
+// (agent/control's client), but config check and show, which read the
+// config files, and import, which converts another proxy's configuration
+// (agent/config/llamaswap). It must not read napd's state files or touch
 // engines itself.
 package main
 
@@ -30,7 +32,11 @@ Commands:
   logs MODEL [-n N]             the engine's last output lines (exec supervisor)
   events [-f]                   print state changes (-f: keep following)
   reload                        re-read napd's config file (like systemctl reload napd)
-  config check [FILE]           validate a config file (default: --config)
+  config check [FILE]           validate a config file and its drop-ins (default: --config)
+  config show [MODEL]           the effective configuration (after templates and
+                                drop-ins), each value with the file:line it came from
+  import llama-swap FILE [--out DIR] [--keys FILE]
+                                convert a llama-swap config to napd's (docs/migrating.md)
 
 The socket is --socket, else $NAPD_SOCKET, else agent.control_socket of the
 config file, else /run/napd/control.sock.
@@ -109,6 +115,8 @@ func (c *cli) dispatch(ctx context.Context, cmd string, rest []string) error {
 		return c.reload(ctx, rest)
 	case "config":
 		return c.configCmd(rest)
+	case "import":
+		return c.importCmd(rest)
 	case "help":
 		fmt.Fprint(c.out, usage)
 		return nil

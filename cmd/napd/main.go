@@ -85,7 +85,7 @@ func run(o options, stdout, stderr io.Writer) error {
 		return err
 	}
 	if o.check {
-		fmt.Fprintf(stdout, "%s: ok (%d models)\n", o.configPath, len(cfg.Models))
+		fmt.Fprintf(stdout, "%s: ok (%s)\n", o.configPath, cfg.Summary())
 		return nil
 	}
 	// SIGTERM/SIGINT end the daemon gracefully; SIGHUP (reload) is the

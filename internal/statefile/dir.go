@@ -152,6 +152,27 @@ func OpenAppend(path string, perm fs.FileMode) (*os.File, error) {
 // API keys): a regular file of at most limit bytes. A device, a FIFO or a
 // directory is an error, never a read that blocks or does not end.
 func ReadRegular(path string, limit int64) ([]byte, error) {
+	return readRegular(path, limit, nil)
+}
+
+// ReadTrusted is ReadRegular for a file whose content napd acts on as
+// root and which sits among others (a configuration drop-in): it must also
+// pass CheckTrusted.
+func ReadTrusted(path string, limit int64) ([]byte, error) {
+	return readRegular(path, limit, CheckTrusted)
+}
+
+// CheckTrusted reports a file or directory (fi, from a stat of path) that
+// a user other than root and napd's own owns, or that group or others may
+// write: what is in it could then be planted.
+func CheckTrusted(path string, fi fs.FileInfo) error {
+	if uid := owner(fi); !trusted(uid) || fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s: owner uid %d, mode %s: %w", path, uid, fi.Mode().Perm(), ErrUnsafeDir)
+	}
+	return nil
+}
+
+func readRegular(path string, limit int64, check func(string, fs.FileInfo) error) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
@@ -163,6 +184,11 @@ func ReadRegular(path string, limit int64) ([]byte, error) {
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file but %s", path, kind(fi.Mode()))
+	}
+	if check != nil {
+		if err := check(path, fi); err != nil {
+			return nil, err
+		}
 	}
 	return readAtMost(f, path, fi.Size(), limit)
 }

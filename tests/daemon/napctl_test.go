@@ -27,14 +27,7 @@ environment = { VLLM_SERVER_DEV_MODE = "1" }`, "--startup-delay", "200ms", "--sl
 			demo("bad", "", "--fail-start"),
 		Policy: strings.Replace(harness.DefaultPolicy, "wake_attempts = 3", "wake_attempts = 1", 1),
 	})
-	napctl := func(t *testing.T, wantOK bool, args ...string) string {
-		t.Helper()
-		out, err := n.Napctl(args...)
-		if (err == nil) != wantOK {
-			t.Fatalf("napctl %s: err %v (want ok %v)\n%s", strings.Join(args, " "), err, wantOK, out)
-		}
-		return out
-	}
+	napctl := func(t *testing.T, wantOK bool, args ...string) string { return runNapctl(t, n, wantOK, args...) }
 
 	t.Run("status", func(t *testing.T) {
 		out := napctl(t, true, "status")
@@ -241,4 +234,15 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// runNapctl runs napctl against n and fails t unless it succeeds (or, when
+// not wantOK, fails); it returns the combined output.
+func runNapctl(t *testing.T, n *harness.Napd, wantOK bool, args ...string) string {
+	t.Helper()
+	out, err := n.Napctl(args...)
+	if (err == nil) != wantOK {
+		t.Fatalf("napctl %s: err %v (want ok %v)\n%s", strings.Join(args, " "), err, wantOK, out)
+	}
+	return out
 }

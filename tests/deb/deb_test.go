@@ -108,7 +108,7 @@ func TestDeb_Contents(t *testing.T) {
 	for _, p := range []string{
 		"usr/bin/napd", "usr/bin/napctl", "usr/lib/napd/napd-demo-engine",
 		"lib/systemd/system/napd.service", "lib/systemd/system/napd.socket",
-		"etc/napd/napd.toml", "usr/lib/sysusers.d/napd.conf", "usr/lib/tmpfiles.d/napd.conf",
+		"etc/napd/napd.toml", "etc/napd/napd.d", "usr/share/doc/napd/migrating.md", "usr/lib/sysusers.d/napd.conf", "usr/lib/tmpfiles.d/napd.conf",
 		"usr/share/doc/napd/copyright", "usr/share/doc/napd/changelog.gz", "usr/share/doc/napd/README.md",
 		"usr/share/napd/grafana/napd.json",
 		"usr/share/doc/napd/fleet.md", "usr/share/doc/napd/examples/haproxy.cfg",
@@ -213,15 +213,17 @@ func (x *inBox) napdPaths() []string {
 
 const chatRequest = `{"model":"demo","messages":[{"role":"user","content":"hello"}],"max_tokens":2}`
 
-// testConfig is the /etc/napd/napd.toml of the test: one demo model in a
-// systemd unit of its own. The idle timeout is short, but longer than the
-// test keeps the model busy, so that dpkg -r finds the engine running.
+// testConfig is the /etc/napd/napd.toml of the test, and testDropIn its
+// /etc/napd/napd.d/demo.toml: one demo model in a systemd unit of its own.
+// The idle timeout is short, but longer than the test keeps the model
+// busy, so that dpkg -r finds the engine running.
 const testConfig = `[agent]
 supervisor = "systemd"
 metrics_listen = ""
+`
 
-[models.demo]
-command = ["/usr/lib/napd/napd-demo-engine", "--port", "${PORT}", "--model", "demo", "--startup-delay", "200ms"]
+const testDropIn = `[models.demo]
+command = ["/usr/lib/napd/napd-demo-engine", "--port", "${PORT}", "--model", "${MODEL}", "--startup-delay", "200ms"]
 sleep = "stop"
 idle_timeout = "2m"
 `
@@ -288,12 +290,26 @@ func TestDeb_InstallActivateRestartPurge(t *testing.T) {
 		t.Errorf("state and runtime dirs: %q, want root:napd 750", got)
 	}
 
-	// The shipped config passes napd --check; then the test's config.
+	// The drop-in directory is shipped empty, owned and moded as /etc/napd.
+	if got := x.run("stat", "-c", "%U:%G %a", "/etc/napd", "/etc/napd/napd.d"); got != "root:root 755\nroot:root 755" {
+		t.Errorf("/etc/napd and /etc/napd/napd.d: %q, want root:root 755", got)
+	}
+	if got := x.run("ls", "-A", "/etc/napd/napd.d"); got != "" {
+		t.Errorf("/etc/napd/napd.d is not empty: %q", got)
+	}
+
+	// The shipped config passes napd --check; then the test's config, its
+	// model in a drop-in.
 	x.run("napd", "--check", "--config", "/etc/napd/napd.toml")
 	if err := os.WriteFile(b.Path("/etc/napd/napd.toml"), []byte(testConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	x.run("napd", "--check", "--config", "/etc/napd/napd.toml")
+	if err := os.WriteFile(b.Path("/etc/napd/napd.d/demo.toml"), []byte(testDropIn), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := x.run("napd", "--check", "--config", "/etc/napd/napd.toml"); !strings.Contains(got, "ok (1 models, 1 drop-ins)") {
+		t.Errorf("napd --check with the drop-in: %q", got)
+	}
 
 	// A request starts napd through the socket; napd wakes the model in
 	// its own unit and answers.
@@ -352,6 +368,9 @@ func TestDeb_InstallActivateRestartPurge(t *testing.T) {
 	if got, err := os.ReadFile(b.Path("/etc/napd/napd.toml")); err != nil || string(got) != testConfig {
 		t.Errorf("edited /etc/napd/napd.toml not kept by the upgrade: %v\n%s", err, got)
 	}
+	if got, err := os.ReadFile(b.Path("/etc/napd/napd.d/demo.toml")); err != nil || string(got) != testDropIn {
+		t.Errorf("drop-in not kept by the upgrade: %v\n%s", err, got)
+	}
 
 	// dpkg -r: napd and its engines stop; the conffile stays.
 	x.run("env", "DEBIAN_FRONTEND=noninteractive", "dpkg", "-r", "napd")
@@ -364,6 +383,7 @@ func TestDeb_InstallActivateRestartPurge(t *testing.T) {
 		t.Errorf("port 8080 still listening after dpkg -r: %q", got)
 	}
 	x.run("test", "-f", "/etc/napd/napd.toml")
+	x.run("test", "-f", "/etc/napd/napd.d/demo.toml")
 	x.run("test", "!", "-e", "/usr/bin/napd")
 
 	// dpkg --purge: nothing of napd is left.
