@@ -16,7 +16,10 @@
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
-// time. `make bench` builds napd and runs `go run ./bench -bin bin`.
+// time. With -llama-server and -gguf, wrk measures the proxy cost on
+// llama.cpp's llama-server too; with -napd-b, a second napd binary is
+// measured beside the first in the wrk tables. `make bench` builds napd
+// and runs `go run ./bench -bin bin`.
 package main
 
 import (
@@ -184,7 +187,7 @@ func run(o options) error {
 		r.real.skipped = noRealEngine
 		fmt.Fprintf(os.Stderr, "bench: the real-engine table is skipped: %s\n", noRealEngine)
 	} else {
-		done := step("real engine: direct, nginx, napd")
+		done := step("real engine: direct, nginx, the Go proxies, napd")
 		if r.real, err = realSection(ctx, n, nb, real); err != nil {
 			return err
 		}

@@ -101,7 +101,7 @@ func realSection(ctx context.Context, a, b *napd, e *realEngine) (realFigures, e
 	}
 	f := realFigures{command: e.command(), version: e.version(ctx)}
 	var err error
-	f.wrkFigures, err = wrkEngine(ctx, a, b, wrkTarget{model: realModel, path: realPath, body: realBody, conns: realConns})
+	f.wrkFigures, err = wrkEngine(ctx, a, b, wrkTarget{model: realModel, path: realPath, body: realBody, conns: realConns, goProxies: true})
 	return f, err
 }
 
@@ -111,10 +111,12 @@ func (r *report) realMarkdown(b *strings.Builder) {
 	b.WriteString("## Proxy cost on a real engine: llama.cpp's llama-server\n\n")
 	if f.skipped != "" {
 		fmt.Fprintf(b, "Not measured: %s.\n\n", f.skipped)
+		b.WriteString(buildLlama)
 		return
 	}
-	fmt.Fprintf(b, `| path | connections | req/s | × direct | × nginx | median | added median | proxy CPU per request | engine CPU per request |
-|---|---|---|---|---|---|---|---|---|
+	defer b.WriteString(buildLlama)
+	fmt.Fprintf(b, `| path | connections | req/s | × direct | × nginx | median | added median | proxy CPU per request: user + system | proxy thread switches per request | engine CPU per request |
+|---|---|---|---|---|---|---|---|---|---|
 `)
 	ng, haveNginx := f.many["nginx"]
 	ng1 := f.one["nginx"]
@@ -126,21 +128,22 @@ func (r *report) realMarkdown(b *strings.Builder) {
 		direct := at.res["direct"]
 		for _, p := range f.paths {
 			x := at.res[p]
-			added, vsNginx, cpu, eng := "—", "", "", ""
+			added, vsNginx, cpu, sw, eng := "—", "", "", "", ""
 			if p != "direct" {
-				added = "+" + lat(x.median-direct.median)
+				added = signed(x.median - direct.median)
 			}
 			if haveNginx {
 				vsNginx = fmt.Sprintf("%.2f", x.rps/at.nginx.rps)
 			}
 			if c := x.cpuPer; c.total() > 0 {
 				cpu = fmt.Sprintf("%s: %s + %s", us(c.total()), us(c.user), us(c.sys))
+				sw = fmt.Sprintf("%.1f", x.switches)
 			}
 			if x.enginePer > 0 {
 				eng = us(x.enginePer)
 			}
-			fmt.Fprintf(b, "| %s | %d | %.0f | %.2f | %s | %s | %s | %s | %s |\n",
-				p, at.conns, x.rps, x.rps/direct.rps, vsNginx, lat(x.median), added, cpu, eng)
+			fmt.Fprintf(b, "| %s | %d | %.0f | %.2f | %s | %s | %s | %s | %s | %s |\n",
+				p, at.conns, x.rps, x.rps/direct.rps, vsNginx, lat(x.median), added, cpu, sw, eng)
 		}
 	}
 	fmt.Fprintf(b, "\n| goal | figure | |\n|---|---|---|\n")
@@ -163,10 +166,14 @@ func (r *report) realMarkdown(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, `
 The engine is llama.cpp's llama-server%s, run by napd as the model %q
-(health = "/health", sleep = "stop"): `+"`%s`"+`. wrk posts
-`+"`%s`"+` to %s, %d times %s per path at 1 and
+(health = "/health", sleep = "stop"):
+
+    %s
+
+wrk posts `+"`%s`"+` to %s, %d times %s per path at 1 and
 %d connections, the paths interleaved as above, each figure the median
-round; nginx is configured as above. One token per request: the engine's
+round; nginx, the stock Go proxy and the Go floor are as above, and the
+CPU and switch columns measured alike. One token per request: the engine's
 work is its HTTP handling, a prompt of a token or two and one decoding
 step, about a millisecond of CPU (the engine column), which is where a
 real engine's cost lies against a proxy's tens of microseconds. The
@@ -180,6 +187,34 @@ started: %s.
 `, version, realModel, strings.Join(f.command, " "), realBody, realPath, wrkRounds, wrkDuration,
 		f.conns, targetRealNginx, f.load, f.abNote())
 }
+
+// buildLlama says how to build what the real-engine table needs.
+const buildLlama = "### Building llama-server for the bench\n\n" + `Nothing of llama.cpp is in this repository: build its server once by
+hand and give the bench its path. From a clone of ggml-org/llama.cpp, or
+of a fork that tracks it such as ngxson/llama.cpp, whose models/*.gguf
+blobs may be missing (a partial clone), leave those out:
+
+` + "```sh" + `
+git -C llama.cpp archive --format=tar HEAD ':(exclude)models/*.gguf' | (mkdir -p llama && tar -x -C llama)
+cd llama
+cmake -B build -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release
+cmake --build build --target llama-server -j2   # about 25 minutes on 2 cores
+` + "```" + `
+
+The build runs npm ci for the server's web UI, which the bench turns off
+(--no-webui); build/bin/llama-server finds its lib*.so beside it. The
+model: the tiny random GGUF of Ollama's tests (1.75 MB, random weights,
+noise for answers), from a clone of ollama/ollama:
+
+` + "```sh" + `
+git -C ollama show 87a88cc8f:api/data/llama-2-tiny-random.gguf > tiny.gguf
+make bench LLAMA_SERVER=$PWD/llama/build/bin/llama-server GGUF=$PWD/tiny.gguf
+` + "```" + `
+
+` + "`go run ./bench -bin bin -real-only -llama-server PATH -gguf FILE`" + ` runs this
+table alone (about two minutes; with ` + "`-napd-b DIR`" + `, another napd beside).
+
+`
 
 // abNote says what the napd (B) row is, "" when there is none.
 func (f *wrkFigures) abNote() string {
@@ -201,6 +236,14 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
+}
+
+// signed renders a latency difference with its sign, as lat does.
+func signed(d time.Duration) string {
+	if d < 0 {
+		return "−" + lat(-d)
+	}
+	return "+" + lat(d)
 }
 
 // lat renders a latency in µs below a millisecond, in ms above.

@@ -102,6 +102,8 @@ measure your own machine. Everything runs on loopback on one host: the
 client, napd, and the engine, which is the bench program itself in engine
 mode — a minimal OpenAI-shaped server whose own cost is negligible, so the
 figures are napd's. Each chunk of its streams carries its send time.
+The real-engine table runs on llama.cpp's llama-server instead, when the
+bench is given one.
 
 Machine: %s, %d cores, Linux %s, %s, load average %s at the start,
 %s.

@@ -296,7 +296,7 @@ func (f *wrkFigures) table(b *strings.Builder) {
 		one, many := f.one[p], f.many[p]
 		added, cpu, sw, eng := "—", "", "", ""
 		if p != "direct" {
-			added = "+" + us(one.median-direct)
+			added = signed(one.median - direct)
 		}
 		if c := many.cpuPer; c.total() > 0 {
 			cpu = fmt.Sprintf("%s: %s + %s", us(c.total()), us(c.user), us(c.sys))
@@ -370,8 +370,17 @@ per request: each is a thread put to sleep or preempted and woken again. Load av
 }
 
 // whereTimeGoes is what the profiles of issue 17 showed; it does not
-// change from run to run, so it is written as it was found.
-const whereTimeGoes = `### Where napd's time goes
+// change from run to run, so it is written as it was found, on the tree
+// it was found on.
+const whereTimeGoes = `### Where napd's time went, with its own HTTP/1.1 stack (issue 17)
+
+These findings are of napd as it was when they were made (up to c16f7c7),
+when its gateway served clients and forwarded to engines through its own
+HTTP/1.1 code (` + "`internal/h1`" + `). Issue 30 replaces that with
+net/http's server, ` + "`http.Transport`" + ` and ` + "`httputil.ReverseProxy`" + `:
+what is said below of ` + "`internal/h1`" + ` describes that older tree, and the
+wrk tables above, with -napd-b, compare the two. What the Go floor and
+the engine column showed holds for any proxy.
 
 Profiles of napd under wrk (Go CPU profiles and ` + "`perf record -g`" + ` with
 kernel stacks at -c32 and -c1, ` + "`strace -c -f -p PID`" + `, thread switch
