@@ -115,15 +115,23 @@ func wrkModels(self string, real *realEngine) []engineModel {
 	return ms
 }
 
-// startNapd writes a config with the wrk models (wrkModels), the "demo"
-// model (napd-demo-engine answering at once) and one "wake-D" model per
-// wake delay, and starts napd from binDir on it. self is this program,
-// run by napd as the engine.
+// startNapd starts napd from binDir on its models (mainModels). self is
+// this program, run by napd as the engine.
 func startNapd(binDir, self string, real *realEngine) (*napd, error) {
 	n, err := newNapd("napd", "napd-bench-")
 	if err != nil {
 		return nil, err
 	}
+	if err := n.start(binDir, n.mainModels(binDir, self, real)); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// mainModels are the models of the bench's napd: the wrk models
+// (wrkModels), "demo" (napd-demo-engine answering at once) and one
+// "wake-D" model per wake delay.
+func (n *napd) mainModels(binDir, self string, real *realEngine) []engineModel {
 	ms := append(wrkModels(self, real), engineModel{name: "demo", direct: true, concurrency: 4096, queue: 4096,
 		command: []string{filepath.Join(binDir, "napd-demo-engine"), "--host", "127.0.0.1", "--port", "${PORT}",
 			"--model", "demo", "--ttft", "0", "--tokens-per-second", "0"}})
@@ -131,10 +139,7 @@ func startNapd(binDir, self string, real *realEngine) (*napd, error) {
 		ms = append(ms, engineModel{name: wakeModel(d),
 			command: []string{self, "-engine", "-port", "${PORT}", "-startup-delay", d.String(), "-ready-file", n.readyFile(d)}})
 	}
-	if err := n.start(binDir, ms); err != nil {
-		return nil, err
-	}
-	return n, nil
+	return ms
 }
 
 // napdB names the second napd of the A/B comparison.
@@ -154,9 +159,19 @@ func startNapdB(binDir, self string, real *realEngine) (*napd, error) {
 	return n, nil
 }
 
-// start gives the direct models free ports (n.engines) and launches napd
-// from binDir on a config with models.
+// start launches napd from binDir on a config with models (configure).
 func (n *napd) start(binDir string, models []engineModel) error {
+	cfg, err := n.configure(models)
+	if err != nil {
+		os.RemoveAll(n.dir)
+		return err
+	}
+	return n.launch(binDir, cfg, nil)
+}
+
+// configure gives the direct models free ports (n.engines) and returns
+// the config file with models.
+func (n *napd) configure(models []engineModel) (string, error) {
 	k := 0
 	for _, m := range models {
 		if m.direct {
@@ -165,8 +180,7 @@ func (n *napd) start(binDir string, models []engineModel) error {
 	}
 	ports, err := freePorts(k)
 	if err != nil {
-		os.RemoveAll(n.dir)
-		return err
+		return "", err
 	}
 	for i := range models {
 		if models[i].direct {
@@ -174,7 +188,7 @@ func (n *napd) start(binDir string, models []engineModel) error {
 			n.engines[models[i].name] = models[i].port
 		}
 	}
-	return n.launch(binDir, n.config(models), nil)
+	return n.config(models), nil
 }
 
 // config is a bench napd's config file with models.

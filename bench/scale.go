@@ -56,12 +56,8 @@ func scaleNapd(ctx context.Context, binDir, self, agentKeys string) (startup tim
 		return 0, 0, nil, err
 	}
 	n.agentKeys = agentKeys
-	ms := make([]engineModel, scaleModels)
-	for i := range ms { // port = 0: napd picks each one's port
-		ms[i] = engineModel{name: fmt.Sprintf("m%03d", i), command: []string{self, "-engine", "-port", "${PORT}"}}
-	}
 	start := time.Now()
-	if err := n.start(binDir, ms); err != nil {
+	if err := n.start(binDir, scaleModelList(self)); err != nil {
 		return 0, 0, nil, err
 	}
 	startup = time.Since(start)
@@ -84,6 +80,16 @@ func scaleNapd(ctx context.Context, binDir, self, agentKeys string) (startup tim
 		time.Sleep(100 * time.Millisecond)
 	}
 	return startup, rss, status, nil
+}
+
+// scaleModelList is the scale napd's models: scaleModels bench engines,
+// each on a port napd picks (port = 0).
+func scaleModelList(self string) []engineModel {
+	ms := make([]engineModel, scaleModels)
+	for i := range ms {
+		ms[i] = engineModel{name: fmt.Sprintf("m%03d", i), command: []string{self, "-engine", "-port", "${PORT}"}}
+	}
+	return ms
 }
 
 // waitSocket waits until a unix socket accepts connections.
