@@ -16,7 +16,8 @@ help:
 	@echo "make lint    gofmt, go vet, staticcheck"
 	@echo "make fuzz    every fuzz target of napd's parsers, FUZZTIME (10s) each"
 	@echo "make run     run napd on etc/napd/demo.toml (demo engines, no GPU)"
-	@echo "make bench   wrk vs nginx vs direct, proxy cost, streams, wake, scale -> docs/bench.md (~4 min)"
+	@echo "make bench   wrk vs nginx vs direct, proxy cost, streams, wake, scale -> docs/bench.md (~7 min)"
+	@echo "             LLAMA_SERVER=PATH GGUF=FILE: on llama.cpp's llama-server too; NAPD_B=DIR: another napd beside"
 	@echo "make clean   remove bin/"
 	@echo "make deb     build the Debian package dist/napd_<version>_<arch>.deb"
 
@@ -53,6 +54,11 @@ bench-deps:
 	scripts/bench-deps.sh
 
 # Proxy cost (wrk beside nginx and direct, and the bench's own client),
-# streams, wake and scale figures, written to docs/bench.md.
+# streams, wake and scale figures, written to docs/bench.md. With
+# LLAMA_SERVER and GGUF (llama.cpp's llama-server and a model for it), the
+# same on that real engine too; with NAPD_B (a directory holding another
+# napd binary), that napd measured beside this tree's in the wrk tables.
 bench: build bench-deps
-	$(GO) run ./bench -bin bin -out docs/bench.md
+	$(GO) run ./bench -bin bin -out docs/bench.md \
+		$(if $(LLAMA_SERVER),-llama-server '$(LLAMA_SERVER)') $(if $(GGUF),-gguf '$(GGUF)') \
+		$(if $(NAPD_B),-napd-b '$(NAPD_B)')

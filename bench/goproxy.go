@@ -60,56 +60,79 @@ func runFloor(listen, target string) error {
 }
 
 // floorConn forwards c's requests one at a time to an engine connection
-// of its own until either side closes.
+// of its own until either side closes; an engine that closes its
+// connection after an answer (llama-server does after 100) gets a new one.
 func floorConn(c net.Conn, target string) {
 	defer c.Close()
-	e, err := net.Dial("tcp", target)
-	if err != nil {
-		return
-	}
-	defer e.Close()
-	cr, er := bufio.NewReader(c), bufio.NewReader(e)
+	var e net.Conn
+	defer func() {
+		if e != nil {
+			e.Close()
+		}
+	}()
+	cr := bufio.NewReader(c)
+	var er *bufio.Reader
 	var req, ans []byte
+	var err error
 	for {
-		if req, err = floorMessage(cr, req); err != nil {
+		if req, _, err = floorMessage(cr, req); err != nil {
 			return
+		}
+		if e == nil {
+			if e, err = net.Dial("tcp", target); err != nil {
+				return
+			}
+			er = bufio.NewReader(e)
 		}
 		if _, err = e.Write(req); err != nil {
 			return
 		}
-		if ans, err = floorMessage(er, ans); err != nil {
+		var closing bool
+		if ans, closing, err = floorMessage(er, ans); err != nil {
 			return
 		}
 		if _, err = c.Write(ans); err != nil {
 			return
 		}
+		if closing {
+			e.Close()
+			e = nil
+		}
 	}
 }
 
 // floorMessage reads one HTTP/1.1 message with a Content-Length body (or
-// none) from r into buf, head and body together.
-func floorMessage(r *bufio.Reader, buf []byte) ([]byte, error) {
+// none) from r into buf, head and body together; closing: its head says
+// "Connection: close".
+func floorMessage(r *bufio.Reader, buf []byte) (msg []byte, closing bool, err error) {
 	buf = buf[:0]
 	length := 0
 	for {
 		line, err := r.ReadSlice('\n')
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		buf = append(buf, line...)
 		if len(line) <= 2 {
 			break
 		}
-		if name, value, ok := bytes.Cut(line, []byte(":")); ok && bytes.EqualFold(name, []byte("Content-Length")) {
-			if length, err = strconv.Atoi(string(bytes.TrimSpace(value))); err != nil {
-				return nil, err
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			continue
+		}
+		switch value = bytes.TrimSpace(value); {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			if length, err = strconv.Atoi(string(value)); err != nil {
+				return nil, false, err
 			}
+		case bytes.EqualFold(name, []byte("Connection")):
+			closing = bytes.EqualFold(value, []byte("close"))
 		}
 	}
 	head := len(buf)
 	buf = append(buf, make([]byte, length)...)
-	_, err := io.ReadFull(r, buf[head:])
-	return buf, err
+	_, err = io.ReadFull(r, buf[head:])
+	return buf, closing, err
 }
 
 // goProxy is one of the Go proxies running as this program.

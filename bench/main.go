@@ -16,11 +16,15 @@
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
-// time. `make bench` builds napd and runs `go run ./bench -bin bin`.
+// time. With -llama-server and -gguf, wrk measures the proxy cost on
+// llama.cpp's llama-server too; with -napd-b, a second napd binary is
+// measured beside the first in the wrk tables. `make bench` builds napd
+// and runs `go run ./bench -bin bin`.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -49,7 +53,11 @@ func main() {
 	flag.IntVar(&o.swapClients, "swap-clients", 8, "concurrent clients of the swap workload")
 	flag.IntVar(&o.swapRequests, "swap-requests", 25, "requests per client of the swap workload")
 	flag.BoolVar(&o.swapsOnly, "swaps-only", false, "run only the swap workload and print its figures")
-	flag.BoolVar(&o.wrkOnly, "wrk-only", false, "run only the wrk comparison and print its figures")
+	flag.BoolVar(&o.wrkOnly, "wrk-only", false, "run only the wrk comparisons (the real engine's too) and print their figures")
+	flag.BoolVar(&o.realOnly, "real-only", false, "run only the real-engine comparison and print its figures")
+	flag.StringVar(&o.llamaServer, "llama-server", "", "llama.cpp's llama-server binary: the real-engine comparison runs on it (with -gguf)")
+	flag.StringVar(&o.gguf, "gguf", "", "the GGUF model llama-server serves in the real-engine comparison")
+	flag.StringVar(&o.binB, "napd-b", "", "a second directory holding a napd binary: its napd is measured beside the first in the wrk comparisons (\"napd (B)\")")
 	flag.Parse()
 	if *goproxy != "" {
 		if err := runGoProxy(*goproxy, *target); err != nil {
@@ -87,6 +95,10 @@ type options struct {
 	swapRequests  int
 	swapsOnly     bool
 	wrkOnly       bool
+	realOnly      bool
+	llamaServer   string
+	gguf          string
+	binB          string // "" = no A/B comparison
 }
 
 func run(o options) error {
@@ -120,23 +132,38 @@ func run(o options) error {
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
 		nofile = lim.Cur
 	}
+	real, err := newRealEngine(o.llamaServer, o.gguf)
+	if err != nil {
+		return err
+	}
+	if o.realOnly && real == nil {
+		return errors.New("-real-only needs -llama-server and -gguf")
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	n, err := startNapd(o.bin, self)
+	n, err := startNapd(o.bin, self, real)
 	if err != nil {
 		return err
 	}
 	defer n.stop()
-	// The whole bench takes about six minutes on the 2-CPU machine, four
-	// and a half of them wrk's rounds.
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	var nb *napd // the A/B comparison's second napd
+	if o.binB != "" {
+		if nb, err = startNapdB(o.binB, self, real); err != nil {
+			return fmt.Errorf("-napd-b: %w", err)
+		}
+		defer nb.stop()
+	}
+	// The whole bench takes about seven minutes on the 2-CPU machine, four
+	// and a half of them wrk's rounds, and two more with napd B and the
+	// real engine; the deadline only ends a run that hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	r := &report{machine: describeMachine(), streamsWanted: o.streams, workers: o.workers,
 		swapClients: o.swapClients, swapEach: o.swapRequests}
-	direct := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.enginePort)
-	viaNapd := "http://" + n.addr + "/v1/chat/completions"
+	direct := fmt.Sprintf("http://127.0.0.1:%d%s", n.engines["proxy"], chatPath)
+	viaNapd := "http://" + n.addr + chatPath
 
 	step := func(name string) func() {
 		fmt.Fprintf(os.Stderr, "bench: %s…", name)
@@ -144,26 +171,41 @@ func run(o options) error {
 		return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
 	}
 
-	done := step("wrk: direct, nginx, the Go proxies, napd")
-	if r.wrk, err = wrkSection(ctx, n, direct, viaNapd); err != nil {
-		return err
+	if !o.realOnly {
+		done := step("wrk: direct, nginx, the Go proxies, napd")
+		if r.wrk, err = wrkSection(ctx, n, nb); err != nil {
+			return err
+		}
+		done()
+		done = step("allocations per request (go test -bench)")
+		if r.allocs, err = gatewayAllocs(ctx); err != nil {
+			return err
+		}
+		done()
 	}
-	done()
-	done = step("allocations per request (go test -bench)")
-	if r.allocs, err = gatewayAllocs(ctx); err != nil {
-		return err
+	if real == nil {
+		r.real.skipped = noRealEngine
+		fmt.Fprintf(os.Stderr, "bench: the real-engine table is skipped: %s\n", noRealEngine)
+	} else {
+		done := step("real engine: direct, nginx, the Go proxies, napd")
+		if r.real, err = realSection(ctx, n, nb, real); err != nil {
+			return err
+		}
+		done()
 	}
-	done()
-	if o.wrkOnly {
+	if o.wrkOnly || o.realOnly {
 		var b strings.Builder
-		r.wrkMarkdown(&b)
+		if !o.realOnly {
+			r.wrkMarkdown(&b)
+		}
+		r.realMarkdown(&b)
 		fmt.Print(b.String())
 		return nil
 	}
 
 	for _, e := range []struct{ model, engine, direct string }{
 		{"proxy", "minimal engine (bench -engine)", direct},
-		{"demo", "napd-demo-engine --ttft 0 --tokens-per-second 0", fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.demoPort)},
+		{"demo", "napd-demo-engine --ttft 0 --tokens-per-second 0", fmt.Sprintf("http://127.0.0.1:%d%s", n.engines["demo"], chatPath)},
 	} {
 		f, err := proxyCost(ctx, o, n, step, e.model, e.direct, viaNapd)
 		if err != nil {
@@ -173,7 +215,7 @@ func run(o options) error {
 		r.proxy = append(r.proxy, f)
 	}
 
-	done = step("per-chunk delay")
+	done := step("per-chunk delay")
 	const streams, chunks, interval = 20, 50, 2 * time.Millisecond
 	dd, err := chunkDelays(ctx, direct, streams, chunks, interval)
 	if err != nil {

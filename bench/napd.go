@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -22,18 +23,75 @@ import (
 // short, and long enough for napd's health polling to have slowed down.
 var wakeDelays = []time.Duration{300 * time.Millisecond, time.Second, 2 * time.Second}
 
-// napd is the napd process under test and the engines it supervises.
+// napd is a napd process under test and the engines it supervises.
 type napd struct {
-	dir        string
-	addr       string // gateway host:port
-	enginePort int    // the "proxy" model's engine, for direct requests
-	engine1    int    // the "proxy1" model's engine: the same on one thread
-	demoPort   int    // the "demo" model's engine (napd-demo-engine)
-	socket     string
-	cmd        *exec.Cmd
-	log        bytes.Buffer
-	exited     chan struct{}
+	name      string // its row in the wrk tables
+	agentKeys string // more lines for its config's [agent] table
+	dir       string
+	addr      string         // gateway host:port
+	engines   map[string]int // engine port by model, for direct requests
+	socket    string
+	cmd       *exec.Cmd
+	log       bytes.Buffer
+	exited    chan struct{}
 }
+
+// newNapd makes the directory (its name starting with prefix) of a napd
+// yet to be launched, named name in the wrk tables, and reserves its
+// gateway's port.
+func newNapd(name, prefix string) (*napd, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &napd{name: name, dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), engines: map[string]int{},
+		socket: filepath.Join(dir, "control.sock"), exited: make(chan struct{})}, nil
+}
+
+// engineModel is one [models.NAME] table of a bench napd's config.
+type engineModel struct {
+	name        string
+	command     []string // ${PORT} stands for the engine's port
+	direct      bool     // the bench sends requests to the engine itself: it picks the port
+	port        int      // 0: napd picks one
+	concurrency int      // max_concurrency; 0: napd's default
+	queue       int      // 0: napd's default
+}
+
+// table is the model's config table.
+func (m engineModel) table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n[models.%q]\ncommand = [", m.name)
+	for i, a := range m.command {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q", a)
+	}
+	b.WriteString("]\nhealth = \"/health\"\nsleep = \"stop\"\n")
+	if m.port != 0 {
+		fmt.Fprintf(&b, "port = %d\n", m.port)
+	}
+	if m.concurrency > 0 {
+		fmt.Fprintf(&b, "max_concurrency = %d\n", m.concurrency)
+	}
+	if m.queue > 0 {
+		fmt.Fprintf(&b, "queue = %d\n", m.queue)
+	}
+	return b.String()
+}
+
+// benchPolicy keeps every woken model awake and gives a wake 30 s.
+const benchPolicy = `
+[policy]
+idle_timeout = "0"
+wake_timeout = "30s"
+`
 
 // wakeModel names the model whose engine starts in d.
 func wakeModel(d time.Duration) string { return "wake-" + d.String() }
@@ -43,62 +101,105 @@ func (n *napd) readyFile(d time.Duration) string {
 	return filepath.Join(n.dir, wakeModel(d)+".ready")
 }
 
-// startNapd writes a config with the "proxy" model (the bench engine, no
-// start-up delay), "proxy1" (the same on one thread), the "demo" model (napd-demo-engine answering at once)
-// and one "wake-D" model per wake delay, and starts napd from binDir on
-// it. self is this program, run by napd as the engine.
-func startNapd(binDir, self string) (*napd, error) {
-	dir, err := os.MkdirTemp("", "napd-bench-")
+// wrkModels are the models the wrk comparisons run on: "proxy" (the
+// bench engine, self), "proxy1" (the same on one thread) and, with real
+// set, "llama" (llama-server).
+func wrkModels(self string, real *realEngine) []engineModel {
+	ms := []engineModel{
+		{name: "proxy", command: []string{self, "-engine", "-port", "${PORT}"}, direct: true, concurrency: 16384, queue: 4096},
+		{name: "proxy1", command: []string{self, "-engine", "-port", "${PORT}", "-procs", "1"}, direct: true, concurrency: 16384, queue: 4096},
+	}
+	if real != nil {
+		ms = append(ms, engineModel{name: realModel, command: real.command(), direct: true})
+	}
+	return ms
+}
+
+// startNapd starts napd from binDir on its models (mainModels). self is
+// this program, run by napd as the engine.
+func startNapd(binDir, self string, real *realEngine) (*napd, error) {
+	n, err := newNapd("napd", "napd-bench-")
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(4)
-	if err != nil {
-		return nil, err
-	}
-	n := &napd{
-		dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), enginePort: ports[1], demoPort: ports[2], engine1: ports[3],
-		socket: filepath.Join(dir, "control.sock"), exited: make(chan struct{}),
-	}
-	var cfg strings.Builder
-	cfg.WriteString(n.baseConfig("5m"))
-	fmt.Fprintf(&cfg, `
-[policy]
-idle_timeout = "0"
-wake_timeout = "30s"
-
-[models.proxy]
-command = [%q, "-engine", "-port", "${PORT}"]
-port = %d
-sleep = "stop"
-max_concurrency = 16384
-queue = 4096
-
-[models.proxy1]
-command = [%q, "-engine", "-port", "${PORT}", "-procs", "1"]
-port = %d
-sleep = "stop"
-max_concurrency = 16384
-queue = 4096
-
-[models.demo]
-command = [%q, "--host", "127.0.0.1", "--port", "${PORT}", "--model", "demo", "--ttft", "0", "--tokens-per-second", "0"]
-port = %d
-sleep = "stop"
-max_concurrency = 4096
-queue = 4096
-`, self, n.enginePort, self, n.engine1, filepath.Join(binDir, "napd-demo-engine"), n.demoPort)
-	for _, d := range wakeDelays {
-		fmt.Fprintf(&cfg, `
-[models.%q]
-command = [%q, "-engine", "-port", "${PORT}", "-startup-delay", %q, "-ready-file", %q]
-sleep = "stop"
-`, wakeModel(d), self, d.String(), n.readyFile(d))
-	}
-	if err := n.launch(binDir, cfg.String(), nil); err != nil {
+	if err := n.start(binDir, n.mainModels(binDir, self, real)); err != nil {
 		return nil, err
 	}
 	return n, nil
+}
+
+// mainModels are the models of the bench's napd: the wrk models
+// (wrkModels), "demo" (napd-demo-engine answering at once) and one
+// "wake-D" model per wake delay.
+func (n *napd) mainModels(binDir, self string, real *realEngine) []engineModel {
+	ms := append(wrkModels(self, real), engineModel{name: "demo", direct: true, concurrency: 4096, queue: 4096,
+		command: []string{filepath.Join(binDir, "napd-demo-engine"), "--host", "127.0.0.1", "--port", "${PORT}",
+			"--model", "demo", "--ttft", "0", "--tokens-per-second", "0"}})
+	for _, d := range wakeDelays {
+		ms = append(ms, engineModel{name: wakeModel(d),
+			command: []string{self, "-engine", "-port", "${PORT}", "-startup-delay", d.String(), "-ready-file", n.readyFile(d)}})
+	}
+	return ms
+}
+
+// napdB names the second napd of the A/B comparison.
+const napdB = "napd (B)"
+
+// startNapdB starts the napd of the A/B comparison from binDir with the
+// wrk models alone, on engines of its own: napd refuses an engine port
+// another process listens on, so the two cannot share one engine.
+func startNapdB(binDir, self string, real *realEngine) (*napd, error) {
+	n, err := newNapd(napdB, "napd-bench-b-")
+	if err != nil {
+		return nil, err
+	}
+	if err := n.start(binDir, wrkModels(self, real)); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// start launches napd from binDir on a config with models (configure).
+func (n *napd) start(binDir string, models []engineModel) error {
+	cfg, err := n.configure(models)
+	if err != nil {
+		os.RemoveAll(n.dir)
+		return err
+	}
+	return n.launch(binDir, cfg, nil)
+}
+
+// configure gives the direct models free ports (n.engines) and returns
+// the config file with models.
+func (n *napd) configure(models []engineModel) (string, error) {
+	k := 0
+	for _, m := range models {
+		if m.direct {
+			k++
+		}
+	}
+	ports, err := freePorts(k)
+	if err != nil {
+		return "", err
+	}
+	for i := range models {
+		if models[i].direct {
+			models[i].port, ports = ports[0], ports[1:]
+			n.engines[models[i].name] = models[i].port
+		}
+	}
+	return n.config(models), nil
+}
+
+// config is a bench napd's config file with models.
+func (n *napd) config(models []engineModel) string {
+	var cfg strings.Builder
+	cfg.WriteString(n.baseConfig("5m"))
+	cfg.WriteString(benchPolicy)
+	for _, m := range models {
+		cfg.WriteString(m.table())
+	}
+	return cfg.String()
 }
 
 // baseConfig is the [agent] and [gateway] tables of a bench napd in n.dir:
@@ -110,12 +211,12 @@ state_dir = %q
 control_socket = %q
 metrics_listen = ""
 log_level = "info"
-
+%s
 [gateway]
 listen = [%q]
 request_timeout = %q
 max_connections = 16384
-`, filepath.Join(n.dir, "state"), n.socket, n.addr, requestTimeout)
+`, filepath.Join(n.dir, "state"), n.socket, n.agentKeys, n.addr, requestTimeout)
 }
 
 // launch writes cfg into n.dir and runs napd from binDir on it, with env
@@ -198,6 +299,16 @@ func (n *napd) memory() (rss, hwm int64, err error) {
 		}
 	}
 	return rss, hwm, nil
+}
+
+// engineCPU is the CPU time model's engine has used so far, nil when n
+// runs no engine on its port.
+func (n *napd) engineCPU(model string) func() time.Duration {
+	pid := engineOf(n.cmd.Process.Pid, n.engines[model])
+	if pid == 0 {
+		return nil
+	}
+	return func() time.Duration { return procCPU(pid) }
 }
 
 // cpu is the CPU time napd has used so far.
@@ -298,19 +409,34 @@ func treeTimes(pid int) cpuTimes {
 	return t
 }
 
-// engineOf is the child of napd (pid) that runs the bench engine on port,
-// 0 when there is none.
+// engineOf is the child of napd (pid) that runs the engine on port (its
+// command line holds -port PORT or --port PORT), 0 when there is none.
 func engineOf(pid, port int) int {
-	want := fmt.Sprintf("\x00-engine\x00-port\x00%d\x00", port)
+	p := strconv.Itoa(port)
 	for _, c := range children(pid) {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c)); err == nil && strings.Contains(string(b), want) {
-			return c
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		for i := 0; i+1 < len(args); i++ {
+			if (args[i] == "-port" || args[i] == "--port") && args[i+1] == p {
+				return c
+			}
 		}
 	}
 	return 0
 }
 
-// freePorts reserves k distinct free loopback ports.
+// handedOut are the ports freePorts gave so far: an engine's port is free
+// until napd wakes the engine, and must not be given to another listener
+// meanwhile.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePorts reserves k distinct free loopback ports, none given before.
 func freePorts(k int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
@@ -318,14 +444,19 @@ func freePorts(k int) ([]int, error) {
 			l.Close()
 		}
 	}()
+	handedOut.Lock()
+	defer handedOut.Unlock()
 	var ports []int
-	for range k {
+	for len(ports) < k {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ls = append(ls, l) // held until the end: the kernel gives another next
+		if p := l.Addr().(*net.TCPAddr).Port; !handedOut.ports[p] {
+			handedOut.ports[p] = true
+			ports = append(ports, p)
+		}
 	}
 	return ports, nil
 }

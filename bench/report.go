@@ -75,6 +75,7 @@ type report struct {
 	swapClients, swapEach        int
 	swapLoad                     string // load average when the swaps ran
 	wrk                          wrkFigures
+	real                         realFigures
 	allocs                       []goBench // BenchmarkProxy: direct, gateway
 	scale                        scaleFigures
 }
@@ -101,6 +102,8 @@ measure your own machine. Everything runs on loopback on one host: the
 client, napd, and the engine, which is the bench program itself in engine
 mode — a minimal OpenAI-shaped server whose own cost is negligible, so the
 figures are napd's. Each chunk of its streams carries its send time.
+The real-engine table runs on llama.cpp's llama-server instead, when the
+bench is given one.
 
 Machine: %s, %d cores, Linux %s, %s, load average %s at the start,
 %s.
@@ -108,6 +111,7 @@ Machine: %s, %d cores, Linux %s, %s, load average %s at the start,
 `, m.cpu, m.cores, m.kernel, m.goVersion, m.load, m.date.Format("2006-01-02 15:04 UTC"))
 
 	r.wrkMarkdown(&b)
+	r.realMarkdown(&b)
 	fmt.Fprintf(&b, `## Proxy cost with the bench's own Go client
 
 | engine | | direct to the engine | through napd | added by napd | target | |
@@ -165,14 +169,19 @@ has delivered its first chunk (one chunk a second each); peak is VmHWM.
 
 	fmt.Fprintf(&b, `## Wake: how soon a waiting request is answered once the engine is healthy
 
-| engine start-up | healthy after | answered after | answered after healthy | target < 50 ms |
+| engine start-up | healthy after | answered after | answered after healthy | target ≤ 50 ms |
 |---|---|---|---|---|
 `)
+	var slowest time.Duration
 	for _, w := range r.wakes {
 		after := w.replied - w.healthy
+		slowest = max(slowest, after)
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", w.delay, w.healthy.Round(time.Millisecond),
-			w.replied.Round(time.Millisecond), after.Round(100*time.Microsecond), met(after < targetWake))
+			w.replied.Round(time.Millisecond), after.Round(100*time.Microsecond), met(after <= targetWake))
 	}
+	fmt.Fprintf(&b, "\n| goal | figure | |\n|---|---|---|\n")
+	fmt.Fprintf(&b, "| wake overhead (engine healthy → answer) ≤ 50 ms, the slowest of %d wakes | %s | %s |\n",
+		len(r.wakes), slowest.Round(100*time.Microsecond), met(len(r.wakes) > 0 && slowest <= targetWake))
 	fmt.Fprintf(&b, `
 Each row is one request to a sleeping model (sleep = "stop") whose engine
 answers /health with 503 for its start-up time and then 200; the engine

@@ -53,16 +53,11 @@ func runSwaps(ctx context.Context, binDir string, clients, each int, naive bool)
 	if naive {
 		f.policy = "naive: one request at a time, swap whenever the model changes"
 	}
-	dir, err := os.MkdirTemp("", "napd-bench-swap-")
+	n, err := newNapd("napd", "napd-bench-swap-")
 	if err != nil {
 		return f, err
 	}
-	ports, err := freePorts(1)
-	if err != nil {
-		return f, err
-	}
-	n := &napd{dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), socket: filepath.Join(dir, "control.sock"), exited: make(chan struct{})}
-	state := filepath.Join(dir, "gpu-state")
+	state := filepath.Join(n.dir, "gpu-state")
 	smi, err := filepath.Abs(filepath.Join("tests", "planner", "testdata"))
 	if err != nil {
 		return f, err
@@ -70,11 +65,7 @@ func runSwaps(ctx context.Context, binDir string, clients, each int, naive bool)
 	gpu := fmt.Sprintf("total %d\n", swapGPUMiB)
 	var cfg strings.Builder
 	cfg.WriteString(n.baseConfig("2m"))
-	cfg.WriteString(`
-[policy]
-idle_timeout = "0"
-wake_timeout = "30s"
-`)
+	cfg.WriteString(benchPolicy)
 	for _, m := range swapModels {
 		gpu += fmt.Sprintf("model %s %d\n", m, swapModelMiB)
 		fmt.Fprintf(&cfg, `

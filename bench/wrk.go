@@ -33,9 +33,11 @@ type wrkPath struct {
 	name string
 	url  string
 	// cpu, when set, is the CPU time the proxy of this path used so far;
-	// switches, its threads' context switches so far.
+	// switches, its threads' context switches so far; engine, the CPU time
+	// its engine used so far.
 	cpu      func() cpuTimes
 	switches func() int64
+	engine   func() time.Duration
 }
 
 // wrkResult is one wrk run's figures.
@@ -48,11 +50,12 @@ type wrkResult struct {
 	enginePer time.Duration // the engine's CPU per request (0 = not measured)
 }
 
-// wrkFigures are the median round of each path at 1 and 32 connections.
+// wrkFigures are the median round of each path at 1 and conns connections.
 type wrkFigures struct {
 	paths   []string
+	conns   int                  // the connections of many
 	one     map[string]wrkResult // at 1 connection
-	many    map[string]wrkResult // at wrkConcurrent connections
+	many    map[string]wrkResult // at conns connections
 	nginx   string               // why nginx is missing ("" = measured)
 	load    string               // load average when the comparison started
 	skipped string               // why the whole comparison is missing
@@ -60,20 +63,20 @@ type wrkFigures struct {
 	oneThread *wrkFigures
 }
 
-// wrkCompare runs the comparison on paths (direct first); engineCPU, when
-// set, is the CPU time the engine used so far.
-func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath, engineCPU func() time.Duration) (wrkFigures, error) {
-	f := wrkFigures{one: map[string]wrkResult{}, many: map[string]wrkResult{}, load: describeMachine().load}
+// wrkCompare runs the comparison on paths (direct first) at 1 and conns
+// connections.
+func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath, conns int) (wrkFigures, error) {
+	f := wrkFigures{conns: conns, one: map[string]wrkResult{}, many: map[string]wrkResult{}, load: describeMachine().load}
 	rounds := map[string][]wrkResult{}
 	for _, p := range paths {
 		f.paths = append(f.paths, p.name)
 		// Warm-up: connections, caches, and the model's first answer.
-		if _, err := runWrk(ctx, p.url, bodyFile, wrkConcurrent, time.Second); err != nil {
+		if _, err := runWrk(ctx, p.url, bodyFile, conns, time.Second); err != nil {
 			return f, fmt.Errorf("wrk warm-up %s: %w", p.name, err)
 		}
 	}
 	for range wrkRounds {
-		for _, conns := range []int{1, wrkConcurrent} {
+		for _, c := range []int{1, conns} {
 			for _, p := range paths {
 				var cpu0 cpuTimes
 				var sw0 int64
@@ -81,12 +84,12 @@ func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath, engineCPU
 				if p.cpu != nil {
 					cpu0, sw0 = p.cpu(), p.switches()
 				}
-				if engineCPU != nil {
-					eng0 = engineCPU()
+				if p.engine != nil {
+					eng0 = p.engine()
 				}
-				r, err := runWrk(ctx, p.url, bodyFile, conns, wrkDuration)
+				r, err := runWrk(ctx, p.url, bodyFile, c, wrkDuration)
 				if err != nil {
-					return f, fmt.Errorf("wrk %s -c%d: %w", p.name, conns, err)
+					return f, fmt.Errorf("wrk %s -c%d: %w", p.name, c, err)
 				}
 				if n := time.Duration(r.requests); n > 0 {
 					if p.cpu != nil {
@@ -94,18 +97,18 @@ func wrkCompare(ctx context.Context, bodyFile string, paths []wrkPath, engineCPU
 						r.cpuPer = cpuTimes{d.user / n, d.sys / n}
 						r.switches = float64(p.switches()-sw0) / float64(r.requests)
 					}
-					if engineCPU != nil {
-						r.enginePer = (engineCPU() - eng0) / n
+					if p.engine != nil {
+						r.enginePer = (p.engine() - eng0) / n
 					}
 				}
-				key := fmt.Sprintf("%s/%d", p.name, conns)
+				key := fmt.Sprintf("%s/%d", p.name, c)
 				rounds[key] = append(rounds[key], r)
 			}
 		}
 	}
 	for _, p := range paths {
 		f.one[p.name] = medianRound(rounds[p.name+"/1"])
-		f.many[p.name] = medianRound(rounds[fmt.Sprintf("%s/%d", p.name, wrkConcurrent)])
+		f.many[p.name] = medianRound(rounds[fmt.Sprintf("%s/%d", p.name, conns)])
 	}
 	return f, nil
 }
@@ -286,14 +289,14 @@ two-thread engine they were set on.
 func (f *wrkFigures) table(b *strings.Builder) {
 	fmt.Fprintf(b, `| path | req/s at %d connections | × direct | median at 1 connection | added median | proxy CPU per request (at %d): user + system | proxy thread switches per request | engine CPU per request |
 |---|---|---|---|---|---|---|---|
-`, wrkConcurrent, wrkConcurrent)
+`, f.conns, f.conns)
 	direct := f.one["direct"].median
 	directRPS := f.many["direct"].rps
 	for _, p := range f.paths {
 		one, many := f.one[p], f.many[p]
 		added, cpu, sw, eng := "—", "", "", ""
 		if p != "direct" {
-			added = "+" + us(one.median-direct)
+			added = signed(one.median - direct)
 		}
 		if c := many.cpuPer; c.total() > 0 {
 			cpu = fmt.Sprintf("%s: %s + %s", us(c.total()), us(c.user), us(c.sys))
@@ -321,10 +324,14 @@ func (r *report) wrkMarkdown(b *strings.Builder) {
 	addedNapd := napdOne.median - direct
 	fmt.Fprintf(b, "\n| goal | figure | |\n|---|---|---|\n")
 	fmt.Fprintf(b, "| added median at 1 connection ≤ 100 µs | %s | %s |\n", us(addedNapd), met(addedNapd <= targetWrkAdded))
-	fmt.Fprintf(b, "| throughput at %d connections ≥ 0.45 × direct | %.2f × direct | %s |\n", wrkConcurrent,
+	if gp, ok := f.one[goReverseProxy]; ok {
+		addedGo := gp.median - direct
+		fmt.Fprintf(b, "| added median at 1 connection ≤ the stock Go proxy's (%s) | %s | %s |\n", us(addedGo), us(addedNapd), met(addedNapd <= addedGo))
+	}
+	fmt.Fprintf(b, "| throughput at %d connections ≥ 0.45 × direct | %.2f × direct | %s |\n", f.conns,
 		napdMany.rps/directRPS, met(napdMany.rps >= targetWrkDirect*directRPS))
 	if ng, ok := f.many["nginx"]; ok {
-		fmt.Fprintf(b, "| throughput at %d connections ≥ 0.7 × nginx | %.2f × nginx | %s |\n", wrkConcurrent,
+		fmt.Fprintf(b, "| throughput at %d connections ≥ 0.7 × nginx | %.2f × nginx | %s |\n", f.conns,
 			napdMany.rps/ng.rps, met(napdMany.rps >= targetWrkNginx*ng.rps))
 	} else {
 		fmt.Fprintf(b, "| throughput ≥ 0.7 × nginx | not measured: %s | |\n", f.nginx)
@@ -353,8 +360,8 @@ alike over the same run (for direct, the only process between wrk and
 itself). Thread switches: the voluntary and involuntary context switches
 of all the proxy's threads (/proc/PID/task/*/status; nginx: its workers),
 per request: each is a thread put to sleep or preempted and woken again. Load average when this section started: %s.
-
-`, wrkRounds, wrkDuration, wrkConcurrent, wrkDuration, f.load)
+%s
+`, wrkRounds, wrkDuration, f.conns, wrkDuration, f.load, f.abNote())
 	if o := f.oneThread; o != nil && len(o.paths) > 0 {
 		o.oneThreadMarkdown(b)
 	}
@@ -363,8 +370,17 @@ per request: each is a thread put to sleep or preempted and woken again. Load av
 }
 
 // whereTimeGoes is what the profiles of issue 17 showed; it does not
-// change from run to run, so it is written as it was found.
-const whereTimeGoes = `### Where napd's time goes
+// change from run to run, so it is written as it was found, on the tree
+// it was found on.
+const whereTimeGoes = `### Where napd's time went, with its own HTTP/1.1 stack (issue 17)
+
+These findings are of napd as it was when they were made (up to c16f7c7),
+when its gateway served clients and forwarded to engines through its own
+HTTP/1.1 code (` + "`internal/h1`" + `). Issue 30 replaces that with
+net/http's server, ` + "`http.Transport`" + ` and ` + "`httputil.ReverseProxy`" + `:
+what is said below of ` + "`internal/h1`" + ` describes that older tree, and the
+wrk tables above, with -napd-b, compare the two. What the Go floor and
+the engine column showed holds for any proxy.
 
 Profiles of napd under wrk (Go CPU profiles and ` + "`perf record -g`" + ` with
 kernel stacks at -c32 and -c1, ` + "`strace -c -f -p PID`" + `, thread switch
@@ -473,22 +489,39 @@ counts) on the 2-core machine above, beside the Go floor:
 
 `
 
+// wrkTarget is an engine the wrk comparison runs on.
+type wrkTarget struct {
+	model     string // its napd model
+	path      string // the request path
+	body      string // the request body
+	conns     int    // the connections of the second count (the first is 1)
+	goProxies bool   // the stock Go proxy and the Go floor too
+}
+
 // wrkSection runs the comparison against the "proxy" model's engine:
-// direct, through nginx when it is installed, the Go proxies and napd;
-// then direct, nginx and napd again to "proxy1", the same engine on one
-// thread.
-func wrkSection(ctx context.Context, n *napd, direct, viaNapd string) (wrkFigures, error) {
+// direct, through nginx when it is installed, the Go proxies and napd
+// (and napd B when b is set); then direct, nginx and the napds again to
+// "proxy1", the same engine on one thread.
+func wrkSection(ctx context.Context, a, b *napd) (wrkFigures, error) {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return wrkFigures{skipped: "wrk is not installed"}, nil
 	}
-	f, err := wrkEngine(ctx, n, "proxy", n.enginePort, direct, viaNapd, true)
+	t := wrkTarget{model: "proxy", path: chatPath, body: small("proxy"), conns: wrkConcurrent, goProxies: true}
+	f, err := wrkEngine(ctx, a, b, t)
 	if err != nil {
 		return f, err
 	}
-	one, err := wrkEngine(ctx, n, "proxy1", n.engine1, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", n.engine1), viaNapd, false)
+	t = wrkTarget{model: "proxy1", path: chatPath, body: small("proxy1"), conns: wrkConcurrent}
+	one, err := wrkEngine(ctx, a, b, t)
 	f.oneThread = &one
 	return f, err
 }
+
+// chatPath is the path of the bench engine's requests.
+const chatPath = "/v1/chat/completions"
+
+// goReverseProxy names the stock Go proxy's row.
+const goReverseProxy = "Go ReverseProxy"
 
 // goProxyStart names a Go proxy of the comparison and starts it.
 type goProxyStart struct {
@@ -496,33 +529,42 @@ type goProxyStart struct {
 	start func(enginePort int) (*goProxy, error)
 }
 
-// wrkEngine compares the paths to model's engine on enginePort (the Go
-// proxies too when goProxies).
-func wrkEngine(ctx context.Context, n *napd, model string, enginePort int, direct, viaNapd string, goProxies bool) (wrkFigures, error) {
-	if err := post(ctx, client(), viaNapd, small(model)); err != nil { // wakes the engine
-		return wrkFigures{}, fmt.Errorf("wake %s: %w", model, err)
+// wrkEngine compares the paths to t's engine, napd a's: direct, nginx,
+// the Go proxies when t asks for them, napd a, and napd b (its own copy of
+// the engine) when b is set.
+func wrkEngine(ctx context.Context, a, b *napd, t wrkTarget) (wrkFigures, error) {
+	napds := []*napd{a}
+	if b != nil {
+		napds = append(napds, b)
 	}
-	dir := filepath.Join(n.dir, model)
+	for _, n := range napds { // wakes the engines
+		if err := post(ctx, client(), "http://"+n.addr+t.path, t.body); err != nil {
+			return wrkFigures{}, fmt.Errorf("wake %s through %s: %w", t.model, n.name, err)
+		}
+	}
+	dir := filepath.Join(a.dir, t.model)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return wrkFigures{}, err
 	}
 	body := filepath.Join(dir, "body.json")
-	if err := os.WriteFile(body, []byte(small(model)), 0o644); err != nil {
+	if err := os.WriteFile(body, []byte(t.body), 0o644); err != nil {
 		return wrkFigures{}, err
 	}
-	paths := []wrkPath{{name: "direct", url: direct}}
+	enginePort := a.engines[t.model]
+	engine := a.engineCPU(t.model)
+	paths := []wrkPath{{name: "direct", url: fmt.Sprintf("http://127.0.0.1:%d%s", enginePort, t.path), engine: engine}}
 	why := ""
 	if ng, err := startNginx(dir, enginePort); err != nil {
 		why = err.Error()
 	} else {
 		defer ng.stop()
 		pid := ng.cmd.Process.Pid
-		paths = append(paths, wrkPath{name: "nginx", url: "http://" + ng.addr + "/v1/chat/completions",
+		paths = append(paths, wrkPath{name: "nginx", url: "http://" + ng.addr + t.path, engine: engine,
 			cpu: func() cpuTimes { return treeTimes(pid) }, switches: func() int64 { return treeSwitches(pid) }})
 	}
 	var starts []goProxyStart
-	if goProxies {
-		starts = []goProxyStart{{"Go ReverseProxy", startGoProxy}, {"Go floor", startFloor}}
+	if t.goProxies {
+		starts = []goProxyStart{{goReverseProxy, startGoProxy}, {"Go floor", startFloor}}
 	}
 	for _, gp := range starts {
 		p, err := gp.start(enginePort)
@@ -531,17 +573,15 @@ func wrkEngine(ctx context.Context, n *napd, model string, enginePort int, direc
 		}
 		defer p.stop()
 		pid := p.cmd.Process.Pid
-		paths = append(paths, wrkPath{name: gp.name, url: "http://" + p.addr + "/v1/chat/completions",
+		paths = append(paths, wrkPath{name: gp.name, url: "http://" + p.addr + t.path, engine: engine,
 			cpu: func() cpuTimes { return treeTimes(pid) }, switches: func() int64 { return procSwitches(pid) }})
 	}
-	napdPid := n.cmd.Process.Pid
-	paths = append(paths, wrkPath{name: "napd", url: viaNapd, cpu: func() cpuTimes { return procTimes(napdPid) },
-		switches: func() int64 { return procSwitches(napdPid) }})
-	var engineCPU func() time.Duration
-	if pid := engineOf(napdPid, enginePort); pid != 0 {
-		engineCPU = func() time.Duration { return procCPU(pid) }
+	for _, n := range napds {
+		pid := n.cmd.Process.Pid
+		paths = append(paths, wrkPath{name: n.name, url: "http://" + n.addr + t.path, engine: n.engineCPU(t.model),
+			cpu: func() cpuTimes { return procTimes(pid) }, switches: func() int64 { return procSwitches(pid) }})
 	}
-	f, err := wrkCompare(ctx, body, paths, engineCPU)
+	f, err := wrkCompare(ctx, body, paths, t.conns)
 	f.nginx = why
 	return f, err
 }
