@@ -49,6 +49,8 @@ func Default() *Config {
 			MetricsListen: "127.0.0.1:9464",
 			LogLevel:      "info",
 			HeapFloor:     DefaultHeapFloor,
+
+			ContainerRuntime: RuntimeAuto,
 		},
 		Gateway: Gateway{
 			Listen:           []string{"127.0.0.1:8080"},
@@ -367,6 +369,8 @@ func agentSchema(a *Agent) map[string]setter {
 		"log_level":            setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
 		"cpus":                 setInt(&a.CPUs, 0, 1<<12),
 		"heap_floor":           setSizeUpTo(&a.HeapFloor, MaxHeapFloor),
+
+		"container_runtime": setEnum(&a.ContainerRuntime, RuntimeAuto, RuntimePodman, RuntimeDocker),
 	}
 }
 
@@ -450,6 +454,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
 	})
+	maps.Copy(schema, containerSchema(m))
 	return schema
 }
 
@@ -514,6 +519,7 @@ func (d *decoder) models(t *table, cfg *Config) []*Model {
 		m, pol := newModel(name), cfg.Policy
 		d.fields(mt, modelSchema(m, &pol))
 		m.setPolicy(pol)
+		d.checkContainer(m, mt, cfg.Agent)
 		// [gateway] is decoded before the models.
 		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
 		d.checkModel(m, mt)
@@ -536,8 +542,8 @@ func (d *decoder) checkModel(m *Model, t *table) {
 	switch {
 	case hasCmd && hasUnit:
 		d.add(d.keyLine(t, "unit"), child(t.path, "unit"), "command and unit are both set: set exactly one")
-	case !hasCmd && !hasUnit:
-		d.add(t.line, t.path, "neither command nor unit is set: set command (napd runs the engine) or unit (an operator-managed unit)")
+	case !hasCmd && !hasUnit && m.Image == "":
+		d.add(t.line, t.path, "neither command nor unit is set: set command (napd runs the engine), image (napd runs it in a container) or unit (an operator-managed unit)")
 	}
 	switch m.Transport {
 	case TransportZMQ:
@@ -558,9 +564,14 @@ func (d *decoder) checkModel(m *Model, t *table) {
 		if m.Port == 0 && m.Unit != "" && !hasCmd {
 			d.add(d.keyLine(t, "unit"), child(t.path, "port"), "an operator-managed unit listens on a port of its own: set port")
 		}
-		if m.Port == 0 && hasCmd && !hasUnit && len(m.Command) > 0 && !mentionsPort(m) {
-			d.add(d.keyLine(t, "command"), child(t.path, "command"),
-				"port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it")
+		runs := len(m.Command) > 0 || (!hasCmd && m.Image != "") // a command that did not decode is reported already
+		if m.Port == 0 && !hasUnit && runs && m.ContainerPort == 0 && !mentionsPort(m) {
+			k := "command"
+			if !hasCmd {
+				k = "image"
+			}
+			d.add(d.keyLine(t, k), child(t.path, k),
+				"port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it (or publish the container's own port with container_port)")
 		}
 	}
 	if m.GPUCount > 0 && hasUnit {
