@@ -150,7 +150,7 @@ func TestUnitSpec(t *testing.T) {
 	c := b.clientOf(spec)
 	u := b.unitSpec(spec, c, &inspected{ConmonPidFile: "/run/c/conmon.pid"})
 	if !slices.Equal(u.Command, []string{"/usr/bin/podman", "start", "napd-engine-qwen"}) || u.PIDFile != "/run/c/conmon.pid" ||
-		!slices.Equal(u.StopCommand, []string{"/usr/bin/podman", "stop", "--time", "30", "napd-engine-qwen"}) ||
+		!slices.Equal(u.StopCommand, []string{"/usr/bin/podman", "stop", "-t", "30", "napd-engine-qwen"}) ||
 		u.StopTimeout != 45*time.Second || u.Container != nil || u.GPUs != nil ||
 		len(u.Environment) != 1 || u.Environment["CONTAINERS_CONF"] != "/c" || u.Port != 8101 {
 		t.Errorf("podman unit: %+v", u)

@@ -182,7 +182,7 @@ func (c client) remove(ctx context.Context, ref string) error {
 // stop asks the container to stop (its stop signal, SIGKILL after grace
 // seconds) and returns once it stopped.
 func (c client) stop(ctx context.Context, ref, grace string) error {
-	_, err := c.run(ctx, nil, "stop", "--time", grace, ref)
+	_, err := c.run(ctx, nil, "stop", "-t", grace, ref)
 	if notFound(err) {
 		return nil
 	}
@@ -191,7 +191,7 @@ func (c client) stop(ctx context.Context, ref, grace string) error {
 
 // stopLine is the command line of stop, for a unit's ExecStop=.
 func (c client) stopLine(ref, grace string) []string {
-	return []string{c.program, "stop", "--time", grace, ref}
+	return []string{c.program, "stop", "-t", grace, ref}
 }
 
 // logs returns the last lines of the container's output, stdout and
