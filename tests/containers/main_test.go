@@ -15,6 +15,9 @@ package containers
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,11 +49,13 @@ func onHost(t *testing.T) {
 
 func TestExec_Podman(t *testing.T) {
 	onHost(t)
+	t.Parallel()
 	scenario(t, setup{rt: Podman(t), supervisor: "exec"})
 }
 
 func TestExec_Docker(t *testing.T) {
 	onHost(t)
+	t.Parallel()
 	scenario(t, setup{rt: Docker(t, false), supervisor: "exec"})
 }
 
@@ -58,6 +63,7 @@ func TestExec_Docker(t *testing.T) {
 // this binary, napd's and the image built here.
 func TestSystemd(t *testing.T) {
 	onHost(t)
+	t.Parallel()
 	b := box.Boot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -66,16 +72,21 @@ func TestSystemd(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := harness.Bin(t)
-	copies := map[string]string{
-		exe:                                     box.SharedPath + "/bin/containers.test",
-		image(t):                                box.SharedPath + "/img.tar",
-		filepath.Join("testdata", "nvidia-smi"): box.SharedPath + "/testdata/nvidia-smi",
+	copies := [][2]string{
+		{exe, box.SharedPath + "/bin/containers.test"},
+		{image(t), box.SharedPath + "/img.tar"},
+		{filepath.Join("testdata", "nvidia-smi"), box.SharedPath + "/testdata/nvidia-smi"},
+		{filepath.Join(bin, "napd"), "/usr/bin/napd"},
+		{filepath.Join(bin, "napctl"), "/usr/bin/napctl"},
 	}
 	for _, p := range []string{"napd", "napctl", "napd-demo-engine"} {
-		copies[filepath.Join(bin, p)] = box.SharedPath + "/bin/" + p
+		copies = append(copies, [2]string{filepath.Join(bin, p), box.SharedPath + "/bin/" + p})
 	}
-	for from, to := range copies {
-		if err := b.CopyIn(from, to); err != nil {
+	for from, to := range serviceFiles {
+		copies = append(copies, [2]string{filepath.Join(harness.RepoRoot(), from), to})
+	}
+	for _, c := range copies {
+		if err := b.CopyIn(c[0], c[1]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,8 +97,10 @@ func TestSystemd(t *testing.T) {
 	if err != nil {
 		t.Fatalf("in-box tests failed: %v", err)
 	}
-	if !strings.Contains(string(out), "--- PASS: TestInBox_Podman") {
-		t.Fatal("the in-box podman test did not pass")
+	for _, want := range []string{"TestInBox_Podman", "TestInBox_UnderNapdService"} {
+		if !strings.Contains(string(out), "--- PASS: "+want) {
+			t.Fatalf("%s did not pass in the box", want)
+		}
 	}
 }
 
@@ -100,6 +113,7 @@ func inBox(t *testing.T) {
 
 func TestInBox_Podman(t *testing.T) {
 	inBox(t)
+	t.Parallel()
 	rt := Podman(t)
 	scenario(t, setup{rt: rt, supervisor: "systemd", published: true, unitCheck: func(t *testing.T, model string) {
 		// --cgroups=split: conmon and the engine sit in the unit's cgroup.
@@ -109,6 +123,7 @@ func TestInBox_Podman(t *testing.T) {
 
 func TestInBox_Docker(t *testing.T) {
 	inBox(t)
+	t.Parallel()
 	rt := Docker(t, true)
 	scenario(t, setup{rt: rt, supervisor: "systemd", published: true, unitCheck: func(t *testing.T, model string) {
 		// The container is the daemon's; the unit runs its attached client.
@@ -147,4 +162,96 @@ func unitShows(t *testing.T, model string, want ...string) {
 func execIn(ctx context.Context, name string, args ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	return string(out), err
+}
+
+// What the host side copies into the box for TestInBox_UnderNapdService:
+// the package's units and users, and napd where the unit runs it.
+var serviceFiles = map[string]string{
+	"packaging/systemd/napd.service": box.UnitDir + "/napd.service",
+	"packaging/systemd/napd.socket":  box.UnitDir + "/napd.socket",
+	"packaging/sysusers.conf":        box.SharedPath + "/sysusers.conf",
+}
+
+// TestInBox_UnderNapdService: napd as the package runs it, napd.service
+// with its sandbox (ProtectSystem=strict, PrivateTmp, ProtectControlGroups)
+// and socket activation, runs a podman engine: the storage it writes is in
+// the unit's ReadWritePaths, the container starts in its engine unit, and
+// sleeping it removes the container. The storage is podman's default
+// (/var/lib/containers, on a tmpfs here: overlayfs cannot stack on the box's
+// overlay root); the test's only own setting is CONTAINERS_CONF (runc,
+// ulimits), in a drop-in as an operator would set it.
+func TestInBox_UnderNapdService(t *testing.T) {
+	inBox(t)
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	run := func(argv ...string) string {
+		t.Helper()
+		out, err := execIn(ctx, argv[0], argv[1:]...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+		}
+		return strings.TrimSpace(out)
+	}
+	conf := box.SharedPath + "/service-containers.conf"
+	writeFile(t, conf, "[engine]\nruntime = \"runc\"\n[containers]\ndefault_ulimits = [\"nofile=4096:4096\", \"nproc=4096:4096\"]\n")
+	run("mkdir", "-p", "/var/lib/containers")
+	run("mount", "-t", "tmpfs", "tmpfs", "/var/lib/containers")
+	podman := func(args ...string) string {
+		return run(append([]string{"env", "CONTAINERS_CONF=" + conf, "podman"}, args...)...)
+	}
+	t.Cleanup(func() {
+		_, _ = execIn(context.Background(), "systemctl", "stop", "napd.service", "napd.socket")
+		_, _ = execIn(context.Background(), "env", "CONTAINERS_CONF="+conf, "podman", "rm", "--all", "--force")
+		_, _ = execIn(context.Background(), "umount", "-l", "/var/lib/containers")
+	})
+	podman("import", image(t), Image)
+	run("systemd-sysusers", box.SharedPath+"/sysusers.conf")
+	writeFile(t, "/etc/napd/napd.toml", fmt.Sprintf(`[agent]
+supervisor = "systemd"
+container_runtime = "podman"
+
+[models.svc]
+image = %q
+command = ["%s", "--port", "${PORT}", "--model", "svc"]
+sleep = "stop"
+`, Image, imageEngine))
+	writeFile(t, box.UnitDir+"/napd.service.d/containers.conf", "[Service]\nEnvironment=CONTAINERS_CONF="+conf+"\n")
+	run("systemctl", "daemon-reload")
+	run("systemctl", "start", "napd.socket")
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1:8080/v1/chat/completions", strings.NewReader(harness.Chat("svc", false, 4)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		journal, _ := execIn(ctx, "journalctl", "--no-pager", "-u", "napd.service", "-n", "40")
+		t.Fatalf("chat through napd.service: %s %s\n%s", resp.Status, body, journal)
+	}
+	if got := run("systemctl", "is-active", "napd-engine-svc.service"); got != "active" {
+		t.Fatalf("napd-engine-svc.service: %s", got)
+	}
+	if out := run("napctl", "--socket", "/run/napd/control.sock", "sleep", "svc"); !strings.Contains(out, "asleep") {
+		t.Fatalf("napctl sleep: %s", out)
+	}
+	if left := podman("ps", "--all", "--quiet", "--filter", "label=napd.model=svc"); left != "" {
+		t.Fatalf("asleep by stop, containers left: %s", left)
+	}
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
