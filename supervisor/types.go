@@ -152,3 +152,18 @@ type Backend interface {
 	// systemd: leaves units running (they are adopted on the next start).
 	Close() error
 }
+
+// Send delivers ev on a backend's buffered event channel: at once while
+// the buffer has room, else when a reader takes it; it drops ev only once
+// quit is closed (the backend is closing and nobody may read any more).
+func Send(events chan<- Event, quit <-chan struct{}, ev Event) {
+	select {
+	case events <- ev:
+		return
+	default:
+	}
+	select {
+	case events <- ev:
+	case <-quit:
+	}
+}

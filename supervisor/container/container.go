@@ -63,6 +63,7 @@ type Options struct {
 type Backend struct {
 	inner     supervisor.Backend
 	units     bool // inner runs systemd units: each container runs in one
+	how       how  // detached or inUnits, as units says
 	log       *slog.Logger
 	procs     procs
 	environ   []string
@@ -100,6 +101,14 @@ type record struct {
 }
 
 var _ supervisor.Backend = (*Backend)(nil)
+
+// how is the way containers run under the wrapped backend: detached
+// (exec) or in the engines' units (systemd).
+type how interface {
+	start(ctx context.Context, spec supervisor.Spec) error
+	stop(ctx context.Context, spec supervisor.Spec) error
+	status(ctx context.Context, spec supervisor.Spec) (supervisor.Status, error)
+}
 
 // The optional calls a Backend answers, for containers and by asking the
 // wrapped backend.
@@ -143,6 +152,10 @@ func New(ctx context.Context, inner supervisor.Backend, opts Options) (*Backend,
 		forwardDone: make(chan struct{}),
 		st:          st,
 		records:     make(map[string]*record),
+	}
+	b.how = detached{b}
+	if units {
+		b.how = inUnits{b}
 	}
 	runtimes := maps.Clone(st.Runtimes)
 	maps.Copy(runtimes, opts.Runtimes)
@@ -302,10 +315,7 @@ func (b *Backend) Start(ctx context.Context, spec supervisor.Spec) error {
 	if spec.Container == nil {
 		return b.inner.Start(ctx, spec)
 	}
-	if b.units {
-		return b.startUnit(ctx, spec)
-	}
-	return b.startDetached(ctx, spec)
+	return b.how.start(ctx, spec)
 }
 
 // Stop stops spec's engine and removes its container.
@@ -313,10 +323,7 @@ func (b *Backend) Stop(ctx context.Context, spec supervisor.Spec) error {
 	if spec.Container == nil {
 		return b.inner.Stop(ctx, spec)
 	}
-	if b.units {
-		return b.stopUnit(ctx, spec)
-	}
-	return b.stopDetached(ctx, spec)
+	return b.how.stop(ctx, spec)
 }
 
 // Status reports the engine's state; for a running container its
@@ -326,10 +333,7 @@ func (b *Backend) Status(ctx context.Context, spec supervisor.Spec) (supervisor.
 	if spec.Container == nil {
 		return b.inner.Status(ctx, spec)
 	}
-	if b.units {
-		return b.statusUnit(ctx, spec)
-	}
-	return b.statusDetached(spec), nil
+	return b.how.status(ctx, spec)
 }
 
 // measure fills st with r's processes and memory.
@@ -503,17 +507,7 @@ func (b *Backend) forward() {
 
 // emit delivers ev; only once the backend is closing and the buffer is
 // full is it dropped.
-func (b *Backend) emit(ev supervisor.Event) {
-	select {
-	case b.events <- ev:
-		return
-	default:
-	}
-	select {
-	case b.events <- ev:
-	case <-b.quit:
-	}
-}
+func (b *Backend) emit(ev supervisor.Event) { supervisor.Send(b.events, b.quit, ev) }
 
 // Close stops napd's containers under the exec backend (they end with
 // napd, as its process engines do; under systemd they stay in their units
@@ -523,7 +517,7 @@ func (b *Backend) Close() error {
 		// First, so that nothing blocks on an event nobody reads.
 		close(b.quit)
 		if !b.units {
-			b.stopAll()
+			detached{b}.stopAll()
 		}
 		b.waiters.Wait()
 		b.closeErr = b.inner.Close()

@@ -9,16 +9,17 @@ import (
 	"github.com/napd/napd/supervisor"
 )
 
-// The exec backend's containers: napd creates and starts each itself,
-// detached, and a waiter (`wait`, then `container inspect`) tells when it
-// ends and how.
+// detached runs the exec backend's containers: napd creates and starts
+// each itself, detached, and a waiter (`wait`, then `container inspect`)
+// tells when it ends and how.
+type detached struct{ *Backend }
 
 // waitRetry is the pause before a waiter asks again, when its `wait` ended
 // but the container still runs (the client was killed, the runtime
 // restarted): the runtime is asked once more, not in a tight loop.
 const waitRetry = time.Second
 
-func (b *Backend) startDetached(ctx context.Context, spec supervisor.Spec) error {
+func (b detached) start(ctx context.Context, spec supervisor.Spec) error {
 	c := b.clientOf(spec)
 	if r := b.record(spec.Model); r != nil {
 		b.mu.Lock()
@@ -27,7 +28,7 @@ func (b *Backend) startDetached(ctx context.Context, spec supervisor.Spec) error
 		if running {
 			return nil
 		}
-		if err := b.stopDetached(ctx, spec); err != nil {
+		if err := b.stop(ctx, spec); err != nil {
 			return fmt.Errorf("start %s: %w", spec.Model, err)
 		}
 	}
@@ -105,10 +106,10 @@ func (b *Backend) wait(c client, r *record) {
 	b.emit(supervisor.Event{Model: r.model, State: state, Reason: reason, Time: at})
 }
 
-// stopDetached stops the model's container (its stop signal, SIGKILL after
+// stop stops the model's container (its stop signal, SIGKILL after
 // the grace; at once when ctx ends), waits until its waiter saw it end, and
 // removes it.
-func (b *Backend) stopDetached(ctx context.Context, spec supervisor.Spec) error {
+func (b detached) stop(ctx context.Context, spec supervisor.Spec) error {
 	r := b.record(spec.Model)
 	if r == nil {
 		return nil
@@ -148,10 +149,10 @@ func (b *Backend) stopDetached(ctx context.Context, spec supervisor.Spec) error 
 	return nil
 }
 
-func (b *Backend) statusDetached(spec supervisor.Spec) supervisor.Status {
+func (b detached) status(_ context.Context, spec supervisor.Spec) (supervisor.Status, error) {
 	r := b.record(spec.Model)
 	if r == nil {
-		return supervisor.Status{State: supervisor.ProcStopped}
+		return supervisor.Status{State: supervisor.ProcStopped}, nil
 	}
 	b.mu.Lock()
 	st := supervisor.Status{State: r.state, Reason: r.reason}
@@ -160,11 +161,11 @@ func (b *Backend) statusDetached(spec supervisor.Spec) supervisor.Status {
 		st.Reason = "container " + short(r.id)
 		b.measure(r, &st)
 	}
-	return st
+	return st, nil
 }
 
 // stopAll stops every container at napd's Close, at once.
-func (b *Backend) stopAll() {
+func (b detached) stopAll() {
 	b.mu.Lock()
 	var running []*record
 	for _, r := range b.records {
@@ -177,7 +178,7 @@ func (b *Backend) stopAll() {
 			spec := supervisor.Spec{Model: r.model, Container: &supervisor.Container{Runtime: r.runtime, Program: r.program}}
 			ctx, cancel := context.WithTimeout(context.Background(), max(r.stopTimeout, DefaultStopTimeout)+callTimeout)
 			defer cancel()
-			if err := b.stopDetached(ctx, spec); err != nil {
+			if err := b.stop(ctx, spec); err != nil {
 				b.log.Warn("stopping engine container", "model", r.model, "err", err)
 			}
 		})

@@ -144,7 +144,7 @@ func TestRuntimeEnv(t *testing.T) {
 // PID file; docker's attached start; each with the runtime's stop as
 // ExecStop= and a stop timeout that covers its grace.
 func TestUnitSpec(t *testing.T) {
-	b := &Backend{environ: []string{"CONTAINERS_CONF=/c", "SECRET=x"}}
+	b := inUnits{&Backend{environ: []string{"CONTAINERS_CONF=/c", "SECRET=x"}}}
 	spec := vllmSpec()
 	spec.Container.Runtime, spec.Container.Program = Podman, "/usr/bin/podman"
 	c := b.clientOf(spec)

@@ -13,17 +13,19 @@ import (
 	"github.com/napd/napd/supervisor"
 )
 
-// The systemd backend's containers: napd creates each itself (so that the
-// runtime's refusals, a missing image first, come back to the wake), then
-// starts the engine's transient unit, which starts the container and
-// whose ExecStop= stops it. napd removes the container after the stop,
-// and not before: a failed container's state and output stay readable.
+// inUnits runs the systemd backend's containers: napd creates each itself
+// (so that the runtime's refusals, a missing image first, come back to the
+// wake), then starts the engine's transient unit, which starts the
+// container and whose ExecStop= stops it. napd removes the container after
+// the stop, and not before: a failed container's state and output stay
+// readable.
+type inUnits struct{ *Backend }
 
 func active(st supervisor.Status) bool {
 	return st.State == supervisor.ProcRunning || st.State == supervisor.ProcStarting
 }
 
-func (b *Backend) startUnit(ctx context.Context, spec supervisor.Spec) error {
+func (b inUnits) start(ctx context.Context, spec supervisor.Spec) error {
 	c := b.clientOf(spec)
 	st, err := b.inner.Status(ctx, spec)
 	if err != nil {
@@ -66,7 +68,7 @@ func (b *Backend) startUnit(ctx context.Context, spec supervisor.Spec) error {
 // client the unit's main process and the container its daemon's. Its
 // environment is the runtime's part of napd's; the container's own was
 // given at create.
-func (b *Backend) unitSpec(spec supervisor.Spec, c client, f *inspected) supervisor.Spec {
+func (b inUnits) unitSpec(spec supervisor.Spec, c client, f *inspected) supervisor.Spec {
 	name := Name(spec.Model)
 	timeout := spec.StopTimeout
 	if timeout <= 0 {
@@ -86,7 +88,7 @@ func (b *Backend) unitSpec(spec supervisor.Spec, c client, f *inspected) supervi
 	return u
 }
 
-func (b *Backend) stopUnit(ctx context.Context, spec supervisor.Spec) error {
+func (b inUnits) stop(ctx context.Context, spec supervisor.Spec) error {
 	err := b.inner.Stop(ctx, spec)
 	c := b.clientOf(spec)
 	if r := b.record(spec.Model); r != nil {
@@ -108,11 +110,11 @@ func (b *Backend) stopUnit(ctx context.Context, spec supervisor.Spec) error {
 	return nil
 }
 
-// statusUnit is the unit's state, with the container's processes and
+// status is the unit's state, with the container's processes and
 // memory while it runs. The container is inspected only while napd does
 // not know its process (just started, or restarted): the planner asks for
 // every model's status each round.
-func (b *Backend) statusUnit(ctx context.Context, spec supervisor.Spec) (supervisor.Status, error) {
+func (b inUnits) status(ctx context.Context, spec supervisor.Spec) (supervisor.Status, error) {
 	st, err := b.inner.Status(ctx, spec)
 	if err != nil || !active(st) {
 		return st, err

@@ -2,7 +2,6 @@ package containers
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -149,7 +148,7 @@ func waitEvent(t *testing.T, events <-chan supervisor.Event, model string, state
 				return ev
 			}
 		case <-timeout:
-			t.Fatal(fmt.Sprintf("no %s event of %s within a minute", state, model))
+			t.Fatalf("no %s event of %s within a minute", state, model)
 		}
 	}
 }

@@ -35,9 +35,6 @@ const ImageEnv = "NAPD_TEST_IMAGE"
 type runtime struct {
 	name string   // "podman" or "docker"
 	env  []string // for napd and every command of the runtime's
-	// args are the runtime flags the tests' models need here (none yet:
-	// the settings live in the runtime's own configuration).
-	args []string
 }
 
 // cmd runs the runtime with the test's settings.
