@@ -59,11 +59,24 @@ func TestExec_Docker(t *testing.T) {
 	scenario(t, setup{rt: Docker(t, false), supervisor: "exec"})
 }
 
-// TestSystemd boots a box and runs the TestInBox_* tests inside it, with
-// this binary, napd's and the image built here.
-func TestSystemd(t *testing.T) {
+// TestSystemd_Podman and TestSystemd_Docker each boot a box and run
+// TestInBox_* tests inside it, with this binary, napd's and the image
+// built here. One box each, and the tests in a box one after the other:
+// a napd under systemd stops every napd-engine-* unit its config does not
+// name when it starts, so two napds must not share a systemd.
+func TestSystemd_Podman(t *testing.T) {
 	onHost(t)
 	t.Parallel()
+	runInBox(t, "^TestInBox_(Podman|UnderNapdService)$", "TestInBox_Podman", "TestInBox_UnderNapdService")
+}
+
+func TestSystemd_Docker(t *testing.T) {
+	onHost(t)
+	t.Parallel()
+	runInBox(t, "^TestInBox_Docker$", "TestInBox_Docker")
+}
+
+func runInBox(t *testing.T, run string, pass ...string) {
 	b := box.Boot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -91,13 +104,13 @@ func TestSystemd(t *testing.T) {
 		}
 	}
 	args := []string{"env", inBoxEnv + "=1", harness.BinEnv + "=" + box.SharedPath + "/bin", ImageEnv + "=" + box.SharedPath + "/img.tar",
-		testdataEnv + "=" + box.SharedPath + "/testdata", box.SharedPath + "/bin/containers.test", "-test.run", "^TestInBox_", "-test.count=1", "-test.v"}
+		testdataEnv + "=" + box.SharedPath + "/testdata", box.SharedPath + "/bin/containers.test", "-test.run", run, "-test.count=1", "-test.v"}
 	out, err := b.Command(ctx, args...).CombinedOutput()
 	t.Logf("in the box:\n%s", out)
 	if err != nil {
 		t.Fatalf("in-box tests failed: %v", err)
 	}
-	for _, want := range []string{"TestInBox_Podman", "TestInBox_UnderNapdService"} {
+	for _, want := range pass {
 		if !strings.Contains(string(out), "--- PASS: "+want) {
 			t.Fatalf("%s did not pass in the box", want)
 		}
@@ -107,13 +120,12 @@ func TestSystemd(t *testing.T) {
 func inBox(t *testing.T) {
 	t.Helper()
 	if os.Getenv(inBoxEnv) != "1" {
-		t.Skip("runs inside the systemd box (TestSystemd)")
+		t.Skip("runs inside a systemd box (TestSystemd_*)")
 	}
 }
 
 func TestInBox_Podman(t *testing.T) {
 	inBox(t)
-	t.Parallel()
 	rt := Podman(t)
 	scenario(t, setup{rt: rt, supervisor: "systemd", published: true, unitCheck: func(t *testing.T, model string) {
 		// --cgroups=split: conmon and the engine sit in the unit's cgroup.
@@ -123,7 +135,6 @@ func TestInBox_Podman(t *testing.T) {
 
 func TestInBox_Docker(t *testing.T) {
 	inBox(t)
-	t.Parallel()
 	rt := Docker(t, true)
 	scenario(t, setup{rt: rt, supervisor: "systemd", published: true, unitCheck: func(t *testing.T, model string) {
 		// The container is the daemon's; the unit runs its attached client.
@@ -164,7 +175,7 @@ func execIn(ctx context.Context, name string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// What the host side copies into the box for TestInBox_UnderNapdService:
+// What runInBox copies into the box for TestInBox_UnderNapdService:
 // the package's units and users, and napd where the unit runs it.
 var serviceFiles = map[string]string{
 	"packaging/systemd/napd.service": box.UnitDir + "/napd.service",
@@ -182,7 +193,6 @@ var serviceFiles = map[string]string{
 // ulimits), in a drop-in as an operator would set it.
 func TestInBox_UnderNapdService(t *testing.T) {
 	inBox(t)
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	run := func(argv ...string) string {
