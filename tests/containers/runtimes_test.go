@@ -262,9 +262,9 @@ default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
 }
 
 // Docker is Debian's docker.io with a daemon of the tests' own (socket,
-// data and exec roots in the work dir). On the host it has no bridge
-// (--iptables=false --bridge=none: the test machines share their network
-// namespace); bridge says it may make one (the systemd box has its own
+// data and exec roots in the work dir). On the host it has no bridge and
+// changes no network setting (--iptables=false --bridge=none
+// --ip-forward=false: the test machines share their network namespace); bridge says it may make one (the systemd box has its own
 // network). The daemon's default ulimits stay under the sandbox's hard
 // limits. Where it cannot start, docker's tests skip with the reason.
 func Docker(t *testing.T, bridge bool) *runtime {
@@ -295,7 +295,8 @@ func Docker(t *testing.T, bridge bool) *runtime {
 		"--exec-root", filepath.Join(dir, "exec"), "--pidfile", filepath.Join(dir, "docker.pid"),
 		"--default-ulimit", "nofile=4096:4096"}
 	if !bridge {
-		args = append(args, "--iptables=false", "--bridge=none")
+		// Nor any change to the host's network settings.
+		args = append(args, "--iptables=false", "--bridge=none", "--ip-forward=false")
 	}
 	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
 	if err != nil {
