@@ -178,6 +178,9 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if backend, err = a.withContainers(runCtx, backend, cfg); err != nil {
+		return err
+	}
 	a.sup = supervisor.New(backend, supervisor.Options{Logger: log, Ports: foreignListeners})
 	var closeGPU func() error
 	a.gpu, closeGPU = gpu.Open(runCtx, log)

@@ -146,7 +146,7 @@ func specOf(mc *config.Model, port int) supervisor.Spec {
 	if len(mc.Command) > 0 || len(mc.Environment) > 0 {
 		cmd, env = mc.ExpandPort(port)
 	}
-	return supervisor.Spec{
+	spec := supervisor.Spec{
 		Model:            mc.Name,
 		Command:          cmd,
 		Unit:             mc.Unit,
@@ -154,11 +154,14 @@ func specOf(mc *config.Model, port int) supervisor.Spec {
 		Environment:      env,
 		GPUs:             mc.GPUs,
 		WorkingDirectory: mc.WorkingDirectory,
-		User:             engineUser(mc.User),
 		Health:           mc.Health,
 		Sleep:            mc.Sleep,
 		StopTimeout:      mc.StopTimeout,
 	}
+	if spec.Container = containerOf(mc); spec.Container == nil {
+		spec.User = engineUser(mc.User)
+	}
+	return spec
 }
 
 // DefaultEngineUser is the account engines run as when a model sets no

@@ -17,6 +17,10 @@ PACKAGES=(
 	haproxy         # the load balancer of tests/fleet, started from docs/examples/haproxy.cfg
 	nodejs          # runs the official OpenAI and Anthropic SDKs against napd (tests/sdk)
 	npm             # installs those SDKs from the npm registry (npm ci, tests/sdk/package-lock.json)
+	podman          # container engines (tests/containers), rootful
+	runc            # podman's OCI runtime in the tests: Debian's crun refuses a hybrid cgroup v1
+	containernetworking-plugins # podman's bridge for a published container_port (in the systemd box)
+	docker.io       # container engines with docker; the tests start a daemon of their own
 )
 
 exec "$(dirname "$0")/debian-deps.sh" test-deps "${PACKAGES[@]}"

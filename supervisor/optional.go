@@ -25,6 +25,15 @@ type LogReader interface {
 	Logs(spec Spec, lines int) ([]string, error)
 }
 
+// Adopter is a Backend that can tell whether the engine it finds running
+// for a model was started from the model's spec (a container's labels
+// record it) and removes one that was not, so that an engine of an older
+// config is never adopted.
+type Adopter interface {
+	// Adopt removes what runs for spec's model unless it is spec's.
+	Adopt(ctx context.Context, spec Spec) error
+}
+
 // Uniter is a Backend that runs each engine as a named systemd unit.
 type Uniter interface {
 	UnitName(spec Spec) string

@@ -299,13 +299,19 @@ type Observation struct {
 }
 
 // Observe finds out the engine's state, for reconciliation after napd
-// restarts: the backend's process state, then (if it runs) one health probe,
+// restarts: what runs is adopted only when it is spec's (Adopter), then
+// the backend's process state, then (if it runs) one health probe,
 // then for strategies that can be asked (vLLM) whether it sleeps. It fails
 // only for an unknown strategy; no answer is Unverified with the reason.
 func (s *Supervisor) Observe(ctx context.Context, spec Spec) (Observation, error) {
 	strat, err := lookupStrategy(spec.Sleep)
 	if err != nil {
 		return Observation{}, fmt.Errorf("observe %s: %w", spec.Model, err)
+	}
+	if a, ok := s.backend.(Adopter); ok {
+		if err := a.Adopt(ctx, spec); err != nil {
+			return Observation{State: Unverified, Reason: "adopt: " + err.Error()}, nil
+		}
 	}
 	st, err := s.backend.Status(ctx, spec)
 	if err != nil {

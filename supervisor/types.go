@@ -31,6 +31,33 @@ type Spec struct {
 	Health           string // health path, e.g. "/health"
 	Sleep            string // sleep strategy (a sleepmode constant)
 	StopTimeout      time.Duration
+	// Container, when set, runs the engine as a container
+	// (supervisor/container): Command is then the container's command and
+	// arguments, Environment its environment, GPUs the devices passed in.
+	Container *Container
+	// PIDFile and StopCommand shape napd's transient unit (the systemd
+	// backend) for an engine that another program starts, a container
+	// runtime's client; supervisor/container sets them. PIDFile makes the
+	// unit Type=forking: Command starts the engine and exits, and the
+	// unit's main process is the one the file names (podman's conmon).
+	// StopCommand is the unit's ExecStop=, how the engine is asked to stop
+	// before systemd signals what is left (a docker container is its
+	// daemon's child, not the client's).
+	PIDFile     string
+	StopCommand []string
+}
+
+// Container is how a container engine runs: the model's image keys.
+type Container struct {
+	Runtime string   // "podman" or "docker"
+	Program string   // the runtime's executable (absolute path)
+	Image   string   // the image reference
+	Volumes []string // "SOURCE:DEST[:OPTIONS]"
+	Args    []string // more flags of the create line (container_args)
+	Pull    string   // "never" or "missing"
+	// Port is the container's own port, published on 127.0.0.1:Spec.Port;
+	// 0: the container shares the host's network and listens on Spec.Port.
+	Port int
 }
 
 // BaseURL is the engine's HTTP root on loopback.
@@ -124,4 +151,19 @@ type Backend interface {
 	// Close releases the backend. exec: stops every engine (no orphans).
 	// systemd: leaves units running (they are adopted on the next start).
 	Close() error
+}
+
+// Send delivers ev on a backend's buffered event channel: at once while
+// the buffer has room, else when a reader takes it; it drops ev only once
+// quit is closed (the backend is closing and nobody may read any more).
+func Send(events chan<- Event, quit <-chan struct{}, ev Event) {
+	select {
+	case events <- ev:
+		return
+	default:
+	}
+	select {
+	case events <- ev:
+	case <-quit:
+	}
 }

@@ -443,6 +443,7 @@ func TestLoad_ShippedFiles(t *testing.T) {
 
 func TestLoad_ShippedExamplesAreValid(t *testing.T) {
 	// The commented-out models in napd.toml must be valid when uncommented.
+	withRuntimes(t, "podman") // the container example's runtime
 	data, err := os.ReadFile(filepath.Join("..", "..", "etc", "napd", "napd.toml"))
 	if err != nil {
 		t.Fatal(err)
@@ -463,8 +464,8 @@ func TestLoad_ShippedExamplesAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Models) != 4 {
-		t.Errorf("%d example models, want 4", len(cfg.Models))
+	if len(cfg.Models) != 5 {
+		t.Errorf("%d example models, want 5", len(cfg.Models))
 	}
 }
 

@@ -50,6 +50,8 @@ func Default() *Config {
 			LogLevel:      "info",
 			IncludeDir:    DefaultIncludeDir,
 			HeapFloor:     DefaultHeapFloor,
+
+			ContainerRuntime: RuntimeAuto,
 		},
 		Gateway: Gateway{
 			Listen:           []string{"127.0.0.1:8080"},
@@ -495,6 +497,8 @@ func agentSchema(a *Agent) map[string]setter {
 		"include_dir":          setString(&a.IncludeDir, commandArg),
 		"cpus":                 setInt(&a.CPUs, 0, 1<<12),
 		"heap_floor":           setSizeUpTo(&a.HeapFloor, MaxHeapFloor),
+
+		"container_runtime": setEnum(&a.ContainerRuntime, RuntimeAuto, RuntimePodman, RuntimeDocker),
 	}
 }
 
@@ -578,6 +582,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
 	})
+	maps.Copy(schema, containerSchema(m))
 	return schema
 }
 
@@ -637,6 +642,7 @@ func (d *decoder) resolveModels() {
 		d.substitute(mt, name, vars)
 		d.fields(mt, withMeta(schema))
 		m.setPolicy(pol)
+		d.checkContainer(m, mt, cfg.Agent)
 		// [gateway] is decoded before the models.
 		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
 		d.checkModel(m, mt)
@@ -669,8 +675,8 @@ func (d *decoder) checkModel(m *Model, t *table) {
 	switch {
 	case hasCmd && hasUnit:
 		d.addAt(t.at("unit"), "command and unit are both set: set exactly one")
-	case !hasCmd && !hasUnit:
-		d.add(t.file, t.line, t.path, "neither command nor unit is set: set command (napd runs the engine) or unit (an operator-managed unit)")
+	case !hasCmd && !hasUnit && m.Image == "":
+		d.add(t.file, t.line, t.path, "neither command nor unit is set: set command (napd runs the engine), image (napd runs it in a container) or unit (an operator-managed unit)")
 	}
 	switch m.Transport {
 	case TransportZMQ:
@@ -693,8 +699,13 @@ func (d *decoder) checkModel(m *Model, t *table) {
 			at.path = child(t.path, "port")
 			d.addAt(at, "an operator-managed unit listens on a port of its own: set port")
 		}
-		if m.Port == 0 && hasCmd && !hasUnit && len(m.Command) > 0 && !m.mentions(varPort) {
-			d.addAt(t.at("command"), "port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it")
+		runs := len(m.Command) > 0 || (!hasCmd && m.Image != "") // a command that did not decode is reported already
+		if m.Port == 0 && !hasUnit && runs && m.ContainerPort == 0 && !m.mentions(varPort) {
+			k := "command"
+			if !hasCmd {
+				k = "image"
+			}
+			d.addAt(t.at(k), "port = 0 lets napd pick the port: pass ${PORT} in command or environment so the engine listens on it (or publish the container's own port with container_port)")
 		}
 	}
 	if m.GPUCount > 0 && hasUnit {

@@ -76,6 +76,9 @@ type Agent struct {
 	// HeapFloor is the least heap napd lets its garbage collector aim
 	// for while busy (internal/heapfloor), in bytes; 0 = none.
 	HeapFloor int64
+	// ContainerRuntime is the default runtime of container engines:
+	// RuntimeAuto, RuntimePodman or RuntimeDocker.
+	ContainerRuntime string
 }
 
 // Gateway is the [gateway] table.
@@ -212,4 +215,18 @@ type Model struct {
 	// idleness, and is woken at their start when it fits.
 	WarmOnStart bool
 	KeepAwake   []Window
+
+	// A container engine (docs/containers.md): Image is set, Command is
+	// the container's command and arguments (may be empty: the image's
+	// own), Environment the container's environment.
+	Image string
+	// ContainerRuntime is RuntimePodman or RuntimeDocker, resolved from
+	// agent.container_runtime when the model sets none; ContainerProgram
+	// is its executable, found on PATH.
+	ContainerRuntime string
+	ContainerProgram string
+	Volumes          []string // SOURCE:DEST[:OPTIONS]
+	ContainerArgs    []string // more flags of the create line
+	Pull             string   // PullNever or PullMissing
+	ContainerPort    int      // published as 127.0.0.1:Port; 0 = the host's network
 }

@@ -86,6 +86,9 @@ func run(o options, stdout, stderr io.Writer) error {
 	}
 	if o.check {
 		fmt.Fprintf(stdout, "%s: ok (%s)\n", o.configPath, cfg.Summary())
+		for _, note := range agent.CheckNotes(cfg) {
+			fmt.Fprintln(stdout, note)
+		}
 		return nil
 	}
 	// SIGTERM/SIGINT end the daemon gracefully; SIGHUP (reload) is the

@@ -36,6 +36,30 @@ func TestRun_CheckOK(t *testing.T) {
 	}
 }
 
+// napd --check names the container runtime it found for the models with
+// an image, and fails when there is none.
+func TestRun_CheckNamesTheContainerRuntime(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "docker"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	path := writeConfig(t, "[models.a]\nimage = \"vllm/vllm-openai:v0.11.0\"\ncommand = [\"--port\", \"${PORT}\"]\n")
+	var stdout, stderr bytes.Buffer
+	if err := run(options{configPath: path, check: true}, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	if want := "container runtime docker (" + filepath.Join(dir, "docker") + ") for a\n"; !strings.HasSuffix(stdout.String(), want) {
+		t.Errorf("stdout = %q, want it to end with %q", stdout.String(), want)
+	}
+	t.Setenv("PATH", t.TempDir())
+	stdout.Reset()
+	if err := run(options{configPath: path, check: true}, &stdout, &stderr); !errors.Is(err, errCheckFailed) ||
+		!strings.Contains(stderr.String(), path+":2: models.a.image: a container needs podman or docker") {
+		t.Errorf("no runtime on PATH: %v, stderr %q", err, stderr.String())
+	}
+}
+
 func TestRun_CheckPrintsEveryProblem(t *testing.T) {
 	path := writeConfig(t, "[agent]\nsupervisor = \"k8s\"\n\n[models.a]\nsleep = \"x\"\n")
 	var stdout, stderr bytes.Buffer

@@ -320,17 +320,7 @@ func (b *Backend) awaitGone(live func() []int, attrs ...any) {
 
 // emit delivers ev; only once the backend is closing and the buffer is full
 // is it dropped.
-func (b *Backend) emit(ev supervisor.Event) {
-	select {
-	case b.events <- ev:
-		return
-	default:
-	}
-	select {
-	case b.events <- ev:
-	case <-b.quit:
-	}
-}
+func (b *Backend) emit(ev supervisor.Event) { supervisor.Send(b.events, b.quit, ev) }
 
 // Stop sends SIGTERM to the engine's group, SIGKILL after spec.StopTimeout
 // (or at once when ctx ends), and returns once the leader is reaped and the

@@ -185,9 +185,39 @@ func TestTransientProperties(t *testing.T) {
 	for _, p := range transientProperties(supervisor.Spec{Model: "m", Command: []string{"x"}}) {
 		bare[p.Name] = true
 	}
-	for _, k := range []string{"User", "WorkingDirectory", "TimeoutStopUSec", "Environment"} {
+	for _, k := range []string{"User", "WorkingDirectory", "TimeoutStopUSec", "Environment", "PIDFile", "ExecStop"} {
 		if bare[k] {
 			t.Errorf("%s sent for an empty spec", k)
+		}
+	}
+}
+
+// A runtime client's unit (supervisor/container): Type=forking with the
+// PIDFile of the process that stays (podman's conmon), and an ExecStop
+// whose failure is ignored.
+func TestTransientProperties_RuntimeClient(t *testing.T) {
+	spec := supervisor.Spec{
+		Model: "m", Command: []string{"/usr/bin/podman", "start", "napd-engine-m"},
+		PIDFile:     "/run/containers/storage/overlay-containers/1/userdata/conmon.pid",
+		StopCommand: []string{"/usr/bin/podman", "stop", "-t", "30", "napd-engine-m"},
+	}
+	got := map[string]godbus.Variant{}
+	for _, p := range transientProperties(spec) {
+		got[p.Name] = p.Value
+	}
+	if typ := got["Type"].Value(); typ != "forking" {
+		t.Errorf("Type = %v", typ)
+	}
+	if f := got["PIDFile"].Value(); f != spec.PIDFile {
+		t.Errorf("PIDFile = %v", f)
+	}
+	stop, start := got["ExecStop"], got["ExecStart"]
+	if stop.Signature() != start.Signature() {
+		t.Fatalf("ExecStop signature %s, ExecStart's %s", stop.Signature(), start.Signature())
+	}
+	for _, want := range []string{"stop", "-t", "30", "napd-engine-m", "true"} {
+		if !strings.Contains(stop.String(), want) {
+			t.Errorf("ExecStop %s lacks %q", stop, want)
 		}
 	}
 }

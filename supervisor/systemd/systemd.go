@@ -367,13 +367,18 @@ func transientProperties(spec supervisor.Spec) []sdbus.Property {
 	prop := func(name string, v any) sdbus.Property {
 		return sdbus.Property{Name: name, Value: godbus.MakeVariant(v)}
 	}
+	// exec: the start job fails when the command cannot be executed;
+	// forking: when the command that starts the engine fails.
+	typ := "exec"
+	if spec.PIDFile != "" {
+		typ = "forking"
+	}
 	props := []sdbus.Property{
 		sdbus.PropDescription("napd engine for model " + spec.Model),
 		// false: systemd reads this flag as "ignore failure" (the "-"
 		// prefix), whatever go-systemd calls it; an engine's exit status counts.
 		sdbus.PropExecStart(spec.Command, false),
-		// exec: the start job fails when the command cannot be executed.
-		sdbus.PropType("exec"),
+		sdbus.PropType(typ),
 		prop("KillMode", "mixed"),
 		// A failed transient unit is collected at once, so the next Start
 		// can create it again.
@@ -394,6 +399,16 @@ func transientProperties(spec supervisor.Spec) []sdbus.Property {
 	}
 	if spec.StopTimeout > 0 {
 		props = append(props, prop("TimeoutStopUSec", uint64(spec.StopTimeout/time.Microsecond)))
+	}
+	if spec.PIDFile != "" {
+		props = append(props, prop("PIDFile", spec.PIDFile))
+	}
+	if len(spec.StopCommand) > 0 {
+		// ExecStop= has ExecStart='s shape; its failure (the engine gone
+		// already) is ignored: systemd stops what is left either way.
+		stop := sdbus.PropExecStart(spec.StopCommand, true)
+		stop.Name = "ExecStop"
+		props = append(props, stop)
 	}
 	return props
 }

@@ -35,10 +35,18 @@ var (
 	buildErr  error
 )
 
+// BinEnv names a directory that holds the three programs already built:
+// where a test binary runs without the source tree's toolchain (inside the
+// systemd box), Bin uses it instead of building.
+const BinEnv = "NAPD_TEST_BIN"
+
 // Bin builds the three programs (once per test binary) and returns the
 // directory holding them.
 func Bin(t testing.TB) string {
 	t.Helper()
+	if dir := os.Getenv(BinEnv); dir != "" {
+		return dir
+	}
 	buildOnce.Do(func() {
 		var dir string
 		dir, buildErr = os.MkdirTemp("", "napd-e2e-bin-")
@@ -98,6 +106,8 @@ type Options struct {
 	Env []string
 	// LogLevel defaults to "debug".
 	LogLevel string
+	// Supervisor is agent.supervisor ("" = "exec").
+	Supervisor string
 }
 
 // DefaultPolicy keeps tests quick: short timeouts, everything unloadable.
@@ -127,8 +137,12 @@ func WriteConfig(t testing.TB, dir string, o Options) (path, addr, metrics, sock
 	if level == "" {
 		level = "debug"
 	}
+	supervisor := o.Supervisor
+	if supervisor == "" {
+		supervisor = "exec"
+	}
 	cfg := fmt.Sprintf(`[agent]
-supervisor = "exec"
+supervisor = %q
 state_dir = %q
 control_socket = %q
 metrics_listen = %q
@@ -146,7 +160,7 @@ listen = [%q]
 %s
 
 %s
-`, filepath.Join(dir, "state"), socket, metrics, level, o.Agent, addr, o.Gateway, policy, o.Pressure,
+`, supervisor, filepath.Join(dir, "state"), socket, metrics, level, o.Agent, addr, o.Gateway, policy, o.Pressure,
 		strings.ReplaceAll(o.Models, "${BIN}", bin))
 	path = filepath.Join(dir, "napd.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {

@@ -151,21 +151,56 @@ func (r Reader) MemoryOfPID(pid int) (int64, error) {
 }
 
 // Procs lists the processes of the group at path (a path within the
-// hierarchy, as systemd's ControlGroup property gives it): cgroup v2, then
-// the hybrid layout's unified and name=systemd hierarchies. nil when none
-// can be read.
+// hierarchy, as systemd's ControlGroup property gives it) and of the groups
+// below it: cgroup v2, then the hybrid layout's unified and name=systemd
+// hierarchies. Groups below count because a unit's processes may sit in
+// sub-groups (podman --cgroups=split puts conmon and the container there).
+// nil when none can be read.
 func (r Reader) Procs(path string) []int {
 	if path == "" {
 		return nil
 	}
 	root := or(r.CgroupRoot, "/sys/fs/cgroup")
 	for _, h := range []string{"", "unified", "systemd"} {
-		data, err := os.ReadFile(filepath.Join(root, h, path, "cgroup.procs"))
-		if err == nil {
-			return ParsePIDs(data)
+		if pids, ok := treeProcs(filepath.Join(root, h, path)); ok {
+			return pids
 		}
 	}
 	return nil
+}
+
+// ProcsOfPID lists the processes of the group pid runs in (and of the
+// groups below it), read in the hierarchy that holds its memory: a
+// container's processes, found from the one PID its runtime reports.
+func (r Reader) ProcsOfPID(pid int) []int {
+	p, err := r.PathsOfPID(pid)
+	if err != nil {
+		return nil
+	}
+	if p.Memory != "" {
+		if pids, ok := treeProcs(filepath.Join(or(r.CgroupRoot, "/sys/fs/cgroup"), "memory", p.Memory)); ok {
+			return pids
+		}
+	}
+	return r.Procs(p.Unified)
+}
+
+// treeProcs reads cgroup.procs of dir and of every group below it; ok is
+// false when dir's own cannot be read.
+func treeProcs(dir string) (pids []int, ok bool) {
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, false
+	}
+	pids = ParsePIDs(data)
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() {
+			sub, _ := treeProcs(filepath.Join(dir, e.Name()))
+			pids = append(pids, sub...)
+		}
+	}
+	return pids, true
 }
 
 // ParsePIDs parses cgroup.procs: one pid a line; other lines are skipped.

@@ -132,22 +132,21 @@ func FuzzParsePIDs(f *testing.F) {
 	})
 }
 
-// A group's processes are read from cgroup v2, else from the hybrid
-// layout's unified or name=systemd hierarchy.
+// A group's processes, its sub-groups' included, are read from cgroup v2,
+// else from the hybrid layout's unified or name=systemd hierarchy.
 func TestReader_Procs(t *testing.T) {
 	root := t.TempDir()
-	write := func(path, text string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(filepath.Join(root, "system.slice/a.service/cgroup.procs"), "10\n11\n")
-	write(filepath.Join(root, "systemd/system.slice/b.service/cgroup.procs"), "20\n")
+	writeFile(t, filepath.Join(root, "system.slice/a.service/cgroup.procs"), "10\n11\n")
+	writeFile(t, filepath.Join(root, "systemd/system.slice/b.service/cgroup.procs"), "20\n")
+	// podman --cgroups=split: the unit's own group is empty, conmon and the
+	// container sit in groups below it.
+	writeFile(t, filepath.Join(root, "system.slice/c.service/cgroup.procs"), "")
+	writeFile(t, filepath.Join(root, "system.slice/c.service/runtime/cgroup.procs"), "30\n")
+	writeFile(t, filepath.Join(root, "system.slice/c.service/libpod-payload-1/cgroup.procs"), "31\n32\n")
 	r := Reader{CgroupRoot: root}
+	if got := r.Procs("/system.slice/c.service"); !slices.Equal(slices.Sorted(slices.Values(got)), []int{30, 31, 32}) {
+		t.Errorf("sub-groups: %v", got)
+	}
 	if got := r.Procs("/system.slice/a.service"); !slices.Equal(got, []int{10, 11}) {
 		t.Errorf("v2: %v", got)
 	}
@@ -189,5 +188,37 @@ func TestReader_Own(t *testing.T) {
 	}
 	if _, own := (Reader{ProcRoot: t.TempDir()}).Own(7); own {
 		t.Error("a process without /proc entry has a cgroup of its own")
+	}
+}
+
+// A container's processes are those of the group its one reported PID is
+// in: the v1 memory hierarchy on a hybrid host (podman's libpod_parent,
+// docker's /docker/ID), else v2.
+func TestReader_ProcsOfPID(t *testing.T) {
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "proc/9/cgroup"), "4:memory:/libpod_parent/libpod-abc\n0::/libpod_parent/libpod-abc\n")
+	writeFile(t, filepath.Join(root, "sys/memory/libpod_parent/libpod-abc/cgroup.procs"), "9\n12\n")
+	writeFile(t, filepath.Join(root, "proc/5/cgroup"), "0::/docker/def\n")
+	writeFile(t, filepath.Join(root, "sys/docker/def/cgroup.procs"), "5\n")
+	r := Reader{ProcRoot: filepath.Join(root, "proc"), CgroupRoot: filepath.Join(root, "sys")}
+	if got := r.ProcsOfPID(9); !slices.Equal(got, []int{9, 12}) {
+		t.Errorf("v1 memory hierarchy: %v", got)
+	}
+	if got := r.ProcsOfPID(5); !slices.Equal(got, []int{5}) {
+		t.Errorf("v2: %v", got)
+	}
+	if got := r.ProcsOfPID(77); got != nil {
+		t.Errorf("no such process: %v", got)
+	}
+}
+
+// writeFile writes a fixture file, making its directories.
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
