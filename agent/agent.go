@@ -38,7 +38,6 @@ import (
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
-	"github.com/napd/napd/internal/heapfloor"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
@@ -56,11 +55,6 @@ type Options struct {
 	// ShutdownGrace is how long in-flight requests may take to finish after
 	// SIGTERM (default 30s).
 	ShutdownGrace time.Duration
-	// TuneRuntime lets napd size GOMAXPROCS by agent.cpus (see Procs) and
-	// keep a heap floor by agent.heap_floor (internal/heapfloor): the
-	// process's settings, which napd's main lets it make and tests running
-	// an agent in their process do not.
-	TuneRuntime bool
 }
 
 // tickEvery is how often each model's deadlines are checked; planEvery how
@@ -109,7 +103,6 @@ type Agent struct {
 	gpuReadings gpuReadings
 	statusKick  chan struct{}
 	room        *room
-	heapFloor   *heapfloor.Floor // nil: none
 	unrelieved  string           // the pressure last reported unrelieved (ticker goroutine only)
 	loops       sync.WaitGroup   // model owner loops
 	helpers     sync.WaitGroup   // ticker, status, engine events
@@ -151,14 +144,8 @@ func Run(ctx context.Context, opts Options) error {
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
 	a.metrics = metrics.New(a.metricsSnapshot)
-	cpus, _ := a.setProcs(cfg)
-	a.setHeapFloor(cfg)
-	defer func() {
-		a.regMu.Lock() // a reload may set it too
-		defer a.regMu.Unlock()
-		a.setHeapFloor(nil)
-	}()
-	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models), "cpus", cpus)
+	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models))
+	warnConfig(log, cfg)
 
 	if err := statefile.Dir(cfg.Agent.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
@@ -627,6 +614,14 @@ func (a *Agent) statusLine() string {
 		states[m.Snapshot().Lifecycle.State]++
 	}
 	return statusLine(states, len(reg.list), a.tracker.Stats().Live)
+}
+
+// warnConfig logs what is wrong with cfg but does not stop napd: the
+// deprecated keys it sets, each with what to do instead.
+func warnConfig(log *slog.Logger, cfg *config.Config) {
+	for _, w := range cfg.Warnings {
+		log.Warn("config key ignored", "file", w.File, "line", w.Line, "key", w.Key, "why", w.Message)
+	}
 }
 
 func (a *Agent) publishEvent(e control.Event) {

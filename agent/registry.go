@@ -215,13 +215,7 @@ func (a *Agent) Reload() error {
 
 	// Nothing below fails.
 	a.level.Set(lvl)
-	if now, before := a.setProcs(cfg); now != before {
-		a.log.Info("cpus changed", "from", before, "to", now)
-	}
-	if cfg.Agent.HeapFloor != old.Agent.HeapFloor {
-		a.setHeapFloor(cfg)
-		a.log.Info("heap_floor changed", "from", old.Agent.HeapFloor, "to", cfg.Agent.HeapFloor)
-	}
+	warnConfig(a.log, cfg)
 	if restartOnly := restartOnlyChanges(old, cfg); len(restartOnly) > 0 {
 		a.log.Warn("config changes that take effect only at restart", "keys", restartOnly)
 	}

@@ -44,6 +44,40 @@ func TestParse_EmptyFileIsDefaults(t *testing.T) {
 	}
 }
 
+// The keys of removed mechanisms (agent.cpus, agent.heap_floor) still
+// load, for one release, with a warning naming file, line and key and
+// saying what to do instead; whatever their value, nothing else changes.
+func TestParse_DeprecatedKeysWarn(t *testing.T) {
+	cfg := mustParse(t, "[agent]\nlog_level = \"debug\"\ncpus = 3\n\nheap_floor = \"64MiB\"\n")
+	if cfg.Agent.LogLevel != "debug" {
+		t.Errorf("log_level = %q: the table's other keys were lost", cfg.Agent.LogLevel)
+	}
+	want := []struct {
+		line     int
+		key, fix string
+	}{{3, "agent.cpus", "Environment=GOMAXPROCS="}, {5, "agent.heap_floor", "Environment=GOGC="}}
+	if len(cfg.Warnings) != len(want) {
+		t.Fatalf("warnings %v, want %d", cfg.Warnings, len(want))
+	}
+	for i, w := range want {
+		p := cfg.Warnings[i]
+		if p.File != "test.toml" || p.Line != w.line || p.Key != w.key || !strings.Contains(p.Message, "deprecated") || !strings.Contains(p.Message, w.fix) {
+			t.Errorf("warning %d = %q, want test.toml:%d: %s: deprecated … %s", i, p.String(), w.line, w.key, w.fix)
+		}
+	}
+	for _, src := range []string{"[agent]\ncpus = -1\n", "[agent]\nheap_floor = 32\n"} {
+		if cfg := mustParse(t, src); len(cfg.Warnings) != 1 {
+			t.Errorf("%q: warnings %v, want one", src, cfg.Warnings)
+		}
+	}
+	if cfg := mustParse(t, "[agent]\nlog_level = \"info\"\n"); cfg.Warnings != nil {
+		t.Errorf("a file without deprecated keys warns: %v", cfg.Warnings)
+	}
+	if ps := problems(t, "[gateway]\ncpus = 2\n"); len(ps) != 1 || ps[0].Key != "gateway.cpus" || !strings.Contains(ps[0].Message, "unknown key") {
+		t.Errorf("cpus outside [agent]: %v, want an unknown key", ps)
+	}
+}
+
 func TestParse_GPUPlacement(t *testing.T) {
 	cfg := mustParse(t, "[models.a]\n"+minimal+"gpus = \"any\"\n[models.b]\n"+minimal+"gpus = { count = 2 }\n[models.c]\n"+minimal+"gpus = [1]\n")
 	for i, want := range []struct {
@@ -122,10 +156,6 @@ func TestParse_Errors(t *testing.T) {
 		{"relative path", "[agent]\nstate_dir = \"var/lib/napd\"\n", 2, "agent.state_dir", "not an absolute path"},
 		{"bad listen", "[agent]\nmetrics_listen = \"9464\"\n", 2, "agent.metrics_listen", "want HOST:PORT"},
 		{"bad agent check listen", "[agent]\nhaproxy_agent_listen = \"host\"\n", 2, "agent.haproxy_agent_listen", "want HOST:PORT"},
-		{"negative cpus", "[agent]\ncpus = -1\n", 2, "agent.cpus", "out of range"},
-		{"cpus not a number", "[agent]\ncpus = \"all\"\n", 2, "agent.cpus", "an integer"},
-		{"heap_floor over the limit", "[agent]\nheap_floor = \"2GiB\"\n", 2, "agent.heap_floor", "most allowed"},
-		{"heap_floor not a size", "[agent]\nheap_floor = 32\n", 2, "agent.heap_floor", "size string"},
 		{"bad events address", "[agent]\nevents_address = \"/run/x.sock\"\n", 2, "agent.events_address", "bad ZeroMQ address"},
 		{"bad health path", "[models.a]\n" + minimal + "health = \"health\"\n", 3, "models.a.health", "starting with /"},
 		{"bad unit name", "[models.a]\nunit = \"vllm\"\nport = 1\n", 2, "models.a.unit", "not a systemd service name"},

@@ -31,12 +31,19 @@ const (
 	// sets (LimitNOFILE=65536): each client connection may hold a second
 	// descriptor to its engine, and napctl must still get one.
 	DefaultMaxConnections = 4096
-	// DefaultHeapFloor: a busy napd's heap goal is 32 MiB, not twice its
-	// megabyte of live heap (docs/bench.md); MaxHeapFloor bounds what a
-	// careless setting may let a busy napd's heap grow to.
-	DefaultHeapFloor = 32 << 20
-	MaxHeapFloor     = 1 << 30
 )
+
+// deprecatedKeys are keys napd still accepts, for one release, and ignores:
+// a file that sets one loads with a warning (Config.Warnings) saying what
+// to do instead.
+var deprecatedKeys = map[string]string{
+	"agent.cpus": "deprecated and ignored: napd no longer sets GOMAXPROCS, Go sizes it from the CPUs napd may use " +
+		"(its cgroup's CPU quota counted); remove the key, and if napd must use fewer threads set GOMAXPROCS in " +
+		"napd.service's environment (systemctl edit napd: Environment=GOMAXPROCS=N)",
+	"agent.heap_floor": "deprecated and ignored: napd no longer keeps a heap floor; remove the key, and if napd's " +
+		"garbage collector must run less often set GOGC in napd.service's environment " +
+		"(systemctl edit napd: Environment=GOGC=400)",
+}
 
 // Default returns the configuration of an empty file: every default, no
 // models.
@@ -48,7 +55,6 @@ func Default() *Config {
 			ControlSocket: "/run/napd/control.sock",
 			MetricsListen: "127.0.0.1:9464",
 			LogLevel:      "info",
-			HeapFloor:     DefaultHeapFloor,
 		},
 		Gateway: Gateway{
 			Listen:           []string{"127.0.0.1:8080"},
@@ -102,26 +108,33 @@ func Parse(path string, data []byte) (*Config, error) {
 	d := &decoder{file: path}
 	cfg := d.decode(data)
 	if len(d.errs) > 0 {
-		// File order; stable, so the problems of one key keep the order
-		// they were found in.
-		slices.SortStableFunc(d.errs, func(a, b Problem) int {
-			return cmp.Or(cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
-		})
-		return nil, d.errs
+		return nil, inFileOrder(d.errs)
 	}
 	cfg.Path = path
+	cfg.Warnings = inFileOrder(d.warnings)
 	return cfg, nil
+}
+
+// inFileOrder sorts problems by line; stable, so the problems of one key
+// keep the order they were found in.
+func inFileOrder(ps Errors) Errors {
+	slices.SortStableFunc(ps, func(a, b Problem) int {
+		return cmp.Or(cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
+	})
+	return ps
 }
 
 // decoder walks the document table by table. Every value is first decoded as
 // a toml.Primitive so that a wrong value does not stop the walk (all problems
 // are reported at once) and so that its line can be found.
 type decoder struct {
-	file   string
-	md     toml.MetaData
-	errs   Errors
-	tables map[string]*table // the top-level tables, for cross-table checks
-	decls  []decl            // the models, for cross-table checks
+	file string
+	md   toml.MetaData
+	errs Errors
+	// warnings are what a valid file is told: the deprecated keys it sets.
+	warnings Errors
+	tables   map[string]*table // the top-level tables, for cross-table checks
+	decls    []decl            // the models, for cross-table checks
 }
 
 func (d *decoder) add(line int, key toml.Key, msg string) {
@@ -202,6 +215,10 @@ func (d *decoder) open(path toml.Key, p toml.Primitive) (*table, bool) {
 func (d *decoder) fields(t *table, schema map[string]setter) {
 	for name, p := range t.keys {
 		key := child(t.path, name)
+		if why, ok := deprecatedKeys[key.String()]; ok {
+			d.warnings = append(d.warnings, Problem{File: d.file, Line: d.line(p), Key: key.String(), Message: why})
+			continue
+		}
 		set, ok := schema[name]
 		if !ok {
 			d.add(d.line(p), key, unknownKey(name, schema))
@@ -365,8 +382,6 @@ func agentSchema(a *Agent) map[string]setter {
 		"events_address":       setString(&a.EventsAddress, optional(zmqAddress)),
 		"haproxy_agent_listen": setString(&a.HAProxyAgentListen, optional(hostPort)),
 		"log_level":            setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
-		"cpus":                 setInt(&a.CPUs, 0, 1<<12),
-		"heap_floor":           setSizeUpTo(&a.HeapFloor, MaxHeapFloor),
 	}
 }
 

@@ -51,6 +51,10 @@ type Config struct {
 	Pressure Pressure
 	// Models in the order they appear in the file.
 	Models []*Model
+	// Warnings are what is wrong with the file but does not stop napd:
+	// deprecated keys it sets, ignored, each with what to do instead.
+	// napd logs them at start and reload; napd --check prints them.
+	Warnings Errors
 }
 
 // Agent is the [agent] table.
@@ -63,12 +67,6 @@ type Agent struct {
 	// HAProxyAgentListen is the HAProxy agent-check address; "" = off.
 	HAProxyAgentListen string
 	LogLevel           string // "debug" | "info" | "warn" | "error"
-	// CPUs is how many threads run napd's own Go code at once
-	// (GOMAXPROCS); 0 = auto (see agent.Procs).
-	CPUs int
-	// HeapFloor is the least heap napd lets its garbage collector aim
-	// for while busy (internal/heapfloor), in bytes; 0 = none.
-	HeapFloor int64
 }
 
 // Gateway is the [gateway] table.

@@ -170,20 +170,6 @@ func setSize(dst *int64, zeroOK bool) setter {
 	}
 }
 
-// setSizeUpTo is setSize for a size of 0 to most bytes.
-func setSizeUpTo(dst *int64, most int64) setter {
-	set := setSize(dst, true)
-	return func(raw any) error {
-		if err := set(raw); err != nil {
-			return err
-		}
-		if *dst > most {
-			return fmt.Errorf("%d bytes is more than the most allowed, %d MiB", *dst, most>>20)
-		}
-		return nil
-	}
-}
-
 func setInt(dst *int, lo, hi int64) setter {
 	return func(raw any) error {
 		n, ok := raw.(int64)

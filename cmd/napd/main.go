@@ -85,6 +85,10 @@ func run(o options, stdout, stderr io.Writer) error {
 		return err
 	}
 	if o.check {
+		// Warnings (deprecated keys) do not fail the check: napd starts.
+		for _, w := range cfg.Warnings {
+			fmt.Fprintln(stderr, w.String())
+		}
 		fmt.Fprintf(stdout, "%s: ok (%d models)\n", o.configPath, len(cfg.Models))
 		return nil
 	}
@@ -92,5 +96,5 @@ func run(o options, stdout, stderr io.Writer) error {
 	// agent's own.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr, TuneRuntime: true})
+	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr})
 }
