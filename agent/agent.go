@@ -103,9 +103,9 @@ type Agent struct {
 	gpuReadings gpuReadings
 	statusKick  chan struct{}
 	room        *room
-	unrelieved  string           // the pressure last reported unrelieved (ticker goroutine only)
-	loops       sync.WaitGroup   // model owner loops
-	helpers     sync.WaitGroup   // ticker, status, engine events
+	unrelieved  string         // the pressure last reported unrelieved (ticker goroutine only)
+	loops       sync.WaitGroup // model owner loops
+	helpers     sync.WaitGroup // ticker, status, engine events
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It

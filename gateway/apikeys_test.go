@@ -216,21 +216,6 @@ func TestLoadAPIKeys_ScopeFields(t *testing.T) {
 	}
 }
 
-func TestGlob(t *testing.T) {
-	for _, c := range []struct {
-		pattern, name string
-		want          bool
-	}{
-		{"*", "", true}, {"*", "a/b", true}, {"a*", "a", true}, {"a*c", "abbbc", true},
-		{"a*c", "abbb", false}, {"?", "a", true}, {"?", "", false}, {"a?c", "abc", true},
-		{"*a*a*a*a*a*b", strings.Repeat("a", 200), false}, {"exact", "exact", true}, {"exact", "exac", false},
-	} {
-		if got := glob(c.pattern, c.name); got != c.want {
-			t.Errorf("glob(%q, %q) = %v, want %v", c.pattern, c.name, got, c.want)
-		}
-	}
-}
-
 func TestAPIKeys_InheritKeepsInFlightCounts(t *testing.T) {
 	old, _ := parseAPIKeys("keys", []byte("alice:sk-1 concurrency=1\n"))
 	if !old.scope("alice").acquire() {

@@ -111,7 +111,7 @@ func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
 // forward reads the body, finds the model (from the body when fromBody),
 // asks Models for a slot and proxies the request to path on the engine.
 func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
-	if c.g.rules.refused(r.Method, path) {
+	if c.g.rules.Refused(r.Method, path) {
 		c.fail(http.StatusForbidden, "engine_control_refused",
 			"engine control endpoint "+path+" is reserved for napd and the operator")
 		return

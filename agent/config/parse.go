@@ -13,7 +13,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/sleepmode"
 )
@@ -397,8 +397,8 @@ func gatewaySchema(g *Gateway) map[string]setter {
 		"keepalive_timeout": setDuration(&g.KeepaliveTimeout, true),
 		"write_timeout":     setDuration(&g.WriteTimeout, false),
 		"max_connections":   setInt(&g.MaxConnections, 1, 1<<20),
-		"upstream_deny":     setStrings(&g.UpstreamDeny, gateway.ParsePathRule),
-		"upstream_allow":    setStrings(&g.UpstreamAllow, gateway.ParsePathRule),
+		"upstream_deny":     setStrings(&g.UpstreamDeny, pathrule.Check),
+		"upstream_allow":    setStrings(&g.UpstreamAllow, pathrule.Check),
 	}
 }
 

@@ -78,7 +78,7 @@ type Gateway struct {
 	KeepaliveTimeout time.Duration // 0 = no keep-alive: one request per connection
 	WriteTimeout     time.Duration
 	MaxConnections   int
-	UpstreamDeny     []string // added to gateway.DefaultUpstreamDeny
+	UpstreamDeny     []string // added to pathrule.DefaultDeny
 	UpstreamAllow    []string // exempted from it
 	// Routes are the paths outside /v1 routed by model.
 	Routes      []Route
