@@ -43,8 +43,6 @@ import (
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
 	"github.com/napd/napd/supervisor"
-	"github.com/napd/napd/supervisor/process"
-	"github.com/napd/napd/supervisor/systemd"
 )
 
 // Options configure a run of the daemon.
@@ -55,6 +53,10 @@ type Options struct {
 	// ShutdownGrace is how long in-flight requests may take to finish after
 	// SIGTERM (default 30s).
 	ShutdownGrace time.Duration
+	// OpenBackend opens the engine supervisor's backend agent.supervisor
+	// names (supervisor/backend.Open in napd): the agent links no concrete
+	// backend.
+	OpenBackend func(ctx context.Context, kind supervisor.Kind, o supervisor.OpenOptions) (supervisor.Backend, error)
 }
 
 // tickEvery is how often each model's deadlines are checked; planEvery how
@@ -117,6 +119,9 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.ShutdownGrace <= 0 {
 		opts.ShutdownGrace = 30 * time.Second
 	}
+	if opts.OpenBackend == nil {
+		return errors.New("agent: no OpenBackend: the engine supervisor cannot start")
+	}
 	cfg, err := config.Load(opts.ConfigPath)
 	if err != nil {
 		return err
@@ -161,7 +166,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	a.placement.why = make(map[string]string)
 	a.estimates.files, a.estimates.logged = make(map[string]fileEstimate), make(map[string]int64)
-	backend, err := a.openBackend(runCtx, cfg)
+	backend, err := opts.OpenBackend(runCtx, cfg.Agent.Supervisor, supervisor.OpenOptions{StateDir: cfg.Agent.StateDir, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -223,32 +228,6 @@ func Run(ctx context.Context, opts Options) error {
 			return nil
 		}
 	}
-}
-
-// openBackend picks the supervisor backend per agent.supervisor.
-func (a *Agent) openBackend(ctx context.Context, cfg *config.Config) (supervisor.Backend, error) {
-	choice := cfg.Agent.Supervisor
-	if choice == config.SupervisorAuto {
-		ok, why := systemd.Probe(ctx)
-		if ok {
-			choice = config.SupervisorSystemd
-		} else {
-			choice = config.SupervisorExec
-		}
-		a.log.Info("supervisor chosen", "supervisor", choice, "why", why)
-	}
-	if choice == config.SupervisorSystemd {
-		b, err := systemd.New(ctx, systemd.Options{Logger: a.log})
-		if err != nil {
-			return nil, fmt.Errorf("systemd supervisor: %w", err)
-		}
-		return b, nil
-	}
-	b, err := process.New(process.Options{StateDir: cfg.Agent.StateDir, Logger: a.log})
-	if err != nil {
-		return nil, fmt.Errorf("exec supervisor: %w", err)
-	}
-	return b, nil
 }
 
 // closeSupervisor closes the backend: exec engines are stopped (no orphans);

@@ -46,7 +46,7 @@ func (a *Agent) Status() control.Status {
 		ev, _ := a.tracker.Evidence(m.Name())
 		row := control.ModelStatus{
 			Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: a.reason(m.Name(), s.Lifecycle),
-			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: s.Config.Transport, Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
+			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: string(s.Config.Transport), Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
 			Leases: ev.Active, QueueDepth: s.QueueDepth, LastWakeMs: s.Lifecycle.LastWake.Milliseconds(),
 			Attempts: s.Lifecycle.Attempts,
 			Unit:     a.sup.UnitName(s.Spec), GPUs: a.gpusOf(s), Placement: a.placedWhy(m.Name()),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/events"
 	"github.com/napd/napd/probes/enginemetrics"
@@ -14,7 +13,7 @@ import (
 // serves one napd session at a time, so every request it runs came through
 // the gateway and holds a lease: the leases are the whole truth, and the
 // engine adds nothing to them.
-var zmqEvidence = enginemetrics.Evidence{Engine: config.TransportZMQ, Counts: true}
+var zmqEvidence = enginemetrics.Evidence{Engine: enginemetrics.EngineWorker, Counts: true}
 
 // startEventPublisher binds the PUB socket of agent.events_address and
 // forwards the lifecycle events (state, wake, sleep) the agent emits until

@@ -31,7 +31,7 @@ type engineReading struct {
 // activity is what the evidence the model's `evidence` key chooses says
 // about the engine's work, with a detail for reasons: what it is busy
 // with, or what is missing when it says nothing.
-func activity(mode string, port int, r engineReading) (planner.Engine, string) {
+func activity(mode config.Evidence, port int, r engineReading) (planner.Engine, string) {
 	useMetrics := mode == config.EvidenceMetrics || mode == config.EvidenceAuto && r.metrics.Have()
 	switch {
 	case mode == config.EvidenceLeases:

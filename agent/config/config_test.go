@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/sleepmode"
 )
 
@@ -332,7 +333,7 @@ port = 8102
 		GPUs: []int{0, 1}, GPUMemory: 3 << 29, MaxConcurrency: 4, Queue: 0, Pinned: true,
 		Environment: map[string]string{"VLLM_SERVER_DEV_MODE": "1"}, Listen: "127.0.0.1:18101", ServedName: "Qwen/Qwen3-8B-AWQ",
 		Transport: TransportHTTP, WorkingDirectory: "/srv", User: "napd", StopTimeout: 5 * time.Second,
-		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: ArrivalRefuse,
+		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: lifecycle.ArrivalRefuse,
 		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
 		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,

@@ -13,9 +13,11 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/sleepmode"
+	"github.com/napd/napd/supervisor"
 )
 
 // DefaultPath is where napd reads its configuration unless told otherwise.
@@ -50,7 +52,7 @@ var deprecatedKeys = map[string]string{
 func Default() *Config {
 	return &Config{
 		Agent: Agent{
-			Supervisor:    SupervisorAuto,
+			Supervisor:    supervisor.KindAuto,
 			StateDir:      "/var/lib/napd",
 			ControlSocket: "/run/napd/control.sock",
 			MetricsListen: "127.0.0.1:9464",
@@ -70,7 +72,7 @@ func Default() *Config {
 		Policy: Policy{
 			IdleTimeout:          15 * time.Minute,
 			DrainTimeout:         30 * time.Second,
-			ArrivalWhileDraining: ArrivalCancelDrain,
+			ArrivalWhileDraining: lifecycle.ArrivalCancelDrain,
 			WakeAttempts:         3,
 			WakeTimeout:          10 * time.Minute,
 			HealthInterval:       10 * time.Second,
@@ -375,7 +377,7 @@ func listenHosts(h string) []string {
 
 func agentSchema(a *Agent) map[string]setter {
 	return map[string]setter{
-		"supervisor":           setEnum(&a.Supervisor, SupervisorAuto, SupervisorSystemd, SupervisorExec),
+		"supervisor":           setEnum(&a.Supervisor, supervisor.KindAuto, supervisor.KindSystemd, supervisor.KindExec),
 		"state_dir":            setString(&a.StateDir, absPath),
 		"control_socket":       setString(&a.ControlSocket, socketPath),
 		"metrics_listen":       setString(&a.MetricsListen, optional(hostPort)),
@@ -406,7 +408,7 @@ func policySchema(p *Policy) map[string]setter {
 	return map[string]setter{
 		"idle_timeout":           setDuration(&p.IdleTimeout, true),
 		"drain_timeout":          setDuration(&p.DrainTimeout, false),
-		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, ArrivalCancelDrain, ArrivalRefuse),
+		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, lifecycle.ArrivalCancelDrain, lifecycle.ArrivalRefuse),
 		"wake_attempts":          setInt(&p.WakeAttempts, 1, 100),
 		"wake_timeout":           setDuration(&p.WakeTimeout, false),
 		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),

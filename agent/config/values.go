@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -113,21 +114,27 @@ func setString(dst *string, check func(string) error) setter {
 	}
 }
 
-func setEnum(dst *string, allowed ...string) setter {
-	return setString(dst, func(s string) error {
-		for _, a := range allowed {
-			if s == a {
-				return nil
-			}
+func setEnum[T ~string](dst *T, allowed ...T) setter {
+	var s string
+	set := setString(&s, func(s string) error {
+		if !slices.Contains(allowed, T(s)) {
+			return fmt.Errorf("unknown value %q (want %s)", s, quoteList(allowed))
 		}
-		return fmt.Errorf("unknown value %q (want %s)", s, quoteList(allowed))
+		return nil
 	})
+	return func(raw any) error {
+		if err := set(raw); err != nil {
+			return err
+		}
+		*dst = T(s)
+		return nil
+	}
 }
 
-func quoteList(vals []string) string {
+func quoteList[T ~string](vals []T) string {
 	q := make([]string, len(vals))
 	for i, v := range vals {
-		q[i] = strconv.Quote(v)
+		q[i] = strconv.Quote(string(v))
 	}
 	return strings.Join(q, ", ")
 }

@@ -91,7 +91,7 @@ func testConfig(name string) *config.Model {
 		MaxConcurrency: 1, Queue: 1,
 		WakeTimeout: time.Minute, WakeAttempts: 3, DrainTimeout: 30 * time.Second,
 		StopTimeout: time.Second, IdleTimeout: time.Hour,
-		ArrivalWhileDraining: config.ArrivalCancelDrain,
+		ArrivalWhileDraining: lifecycle.ArrivalCancelDrain,
 	}
 }
 
@@ -858,7 +858,7 @@ func TestRetryAfterLearned(t *testing.T) {
 	const request, wake = 6 * time.Second, 8 * time.Second
 	r := newRig(t, supervisor.Awake, func(c *config.Model) {
 		c.MaxConcurrency, c.Queue = 2, 3
-		c.ArrivalWhileDraining = config.ArrivalRefuse
+		c.ArrivalWhileDraining = lifecycle.ArrivalRefuse
 	})
 	r.expect(lifecycle.Awake)
 	ctx := context.Background()

@@ -257,7 +257,7 @@ func PolicyOf(c *config.Model) lifecycle.Policy {
 		DrainTimeout:         c.DrainTimeout,
 		WakeTimeout:          c.WakeTimeout,
 		WakeAttempts:         c.WakeAttempts,
-		ArrivalWhileDraining: lifecycle.ArrivalPolicy(c.ArrivalWhileDraining),
+		ArrivalWhileDraining: c.ArrivalWhileDraining,
 		AllowUntrackedUnload: c.AllowUntrackedUnload,
 		IdleMinimum:          idleMin,
 	}

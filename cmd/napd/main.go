@@ -18,6 +18,7 @@ import (
 
 	"github.com/napd/napd/agent"
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/supervisor/backend"
 )
 
 // version is set at build time (-ldflags "-X main.version=…").
@@ -96,5 +97,5 @@ func run(o options, stdout, stderr io.Writer) error {
 	// agent's own.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr})
+	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr, OpenBackend: backend.Open})
 }

@@ -135,7 +135,7 @@ func New(opts Options) (*Backend, error) {
 }
 
 // Name is "exec".
-func (b *Backend) Name() string { return "exec" }
+func (b *Backend) Name() string { return string(supervisor.KindExec) }
 
 // LogPath is the file that holds model's engine output; rotated copies are
 // LogPath+".1" (newest) up to LogPath+".<keep>".

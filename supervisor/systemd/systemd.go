@@ -151,7 +151,7 @@ func (b *Backend) loop(ch <-chan *godbus.Signal) {
 }
 
 // Name is "systemd".
-func (b *Backend) Name() string { return "systemd" }
+func (b *Backend) Name() string { return string(supervisor.KindSystemd) }
 
 // Events streams unit state changes of engines; closed by Close.
 func (b *Backend) Events() <-chan supervisor.Event { return b.events }

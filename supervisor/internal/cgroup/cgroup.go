@@ -137,19 +137,6 @@ func (r Reader) Memory(p Paths) (int64, string, error) {
 	return 0, "", fmt.Errorf("cgroup memory: none of %s exists: %w", strings.Join(tried, ", "), fs.ErrNotExist)
 }
 
-// MemoryOfPID returns the memory of the cgroup PID runs in.
-func (r Reader) MemoryOfPID(pid int) (int64, error) {
-	p, err := r.PathsOfPID(pid)
-	if err != nil {
-		return 0, err
-	}
-	v, _, err := r.Memory(p)
-	if err != nil {
-		return 0, fmt.Errorf("pid %d: %w", pid, err)
-	}
-	return v, nil
-}
-
 // Procs lists the processes of the group at path (a path within the
 // hierarchy, as systemd's ControlGroup property gives it): cgroup v2, then
 // the hybrid layout's unified and name=systemd hierarchies. nil when none

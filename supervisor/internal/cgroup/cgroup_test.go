@@ -34,9 +34,20 @@ func TestReader_PathsOfPID(t *testing.T) {
 	}
 }
 
+// memoryOfPID is the memory of the cgroup pid runs in, as the backends
+// read it: its paths, then the group's memory.
+func memoryOfPID(r Reader, pid int) (int64, error) {
+	p, err := r.PathsOfPID(pid)
+	if err != nil {
+		return 0, err
+	}
+	v, _, err := r.Memory(p)
+	return v, err
+}
+
 func TestReader_MemoryOfPID(t *testing.T) {
 	for pid, want := range map[int]int64{4242: 21474836480, 777: 1234567890} {
-		got, err := fixtures.MemoryOfPID(pid)
+		got, err := memoryOfPID(fixtures, pid)
 		if err != nil {
 			t.Fatalf("pid %d: %v", pid, err)
 		}
@@ -47,11 +58,11 @@ func TestReader_MemoryOfPID(t *testing.T) {
 }
 
 func TestReader_MemoryMissingFiles(t *testing.T) {
-	_, err := fixtures.MemoryOfPID(555)
+	_, err := memoryOfPID(fixtures, 555)
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("err = %v, want fs.ErrNotExist", err)
 	}
-	if _, err := fixtures.MemoryOfPID(1); err == nil {
+	if _, err := memoryOfPID(fixtures, 1); err == nil {
 		t.Error("pid without /proc entry: want an error")
 	}
 }
