@@ -102,7 +102,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 			}
 			return err
 		case e := <-events:
-			if e.Model == m.Name() && e.Kind == "state" {
+			if e.Model == m.Name() && e.Kind == control.EventState {
 				progress(e.To)
 			}
 		}
@@ -146,5 +146,5 @@ func (a *Agent) Subscribe() (<-chan control.Event, func()) { return a.hub.subscr
 
 // controlDecision is a planner decision as an event.
 func controlDecision(d planner.Decision) control.Event {
-	return control.Event{Time: time.Now(), Model: d.Model, Kind: "decision", Reason: d.Message}
+	return control.Event{Time: time.Now(), Model: d.Model, Kind: control.EventDecision, Reason: d.Message}
 }

@@ -49,11 +49,19 @@ func (a *Agent) startEventPublisher(ctx context.Context, address string) error {
 	return nil
 }
 
+// published are the event kinds the ZMQ schema carries, by their kind
+// there.
+var published = map[control.EventKind]events.Kind{
+	control.EventState: events.KindState,
+	control.EventWake:  events.KindWake,
+	control.EventSleep: events.KindSleep,
+}
+
 // lifecycleEvent maps an agent event onto the published schema; planner
 // decisions and reloads are not model lifecycle events.
 func lifecycleEvent(e control.Event) (events.Event, bool) {
-	kind := events.Kind(e.Kind)
-	if e.Model == "" || (kind != events.KindState && kind != events.KindWake && kind != events.KindSleep) {
+	kind, ok := published[e.Kind]
+	if e.Model == "" || !ok {
 		return events.Event{}, false
 	}
 	return events.Event{

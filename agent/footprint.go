@@ -6,22 +6,16 @@ import (
 	"sync"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/estimate"
 	"github.com/napd/napd/agent/model"
-)
-
-// Where a model's footprint comes from, for status and logs.
-const (
-	footprintConfigured = "gpu_memory"
-	footprintMeasured   = "measured"
-	footprintEstimated  = "estimated"
 )
 
 // footprintInfo is a model's expected GPU memory and its source; From says
 // what an estimate was made from.
 type footprintInfo struct {
 	Bytes  int64
-	Source string
+	Source control.FootprintSource
 	From   string
 }
 
@@ -46,10 +40,10 @@ func (a *Agent) footprint(s model.Snapshot) int64 { return a.footprintOf(s).Byte
 func (a *Agent) footprintOf(s model.Snapshot) footprintInfo {
 	c := s.Config
 	if c.GPUMemory > 0 {
-		return footprintInfo{Bytes: c.GPUMemory, Source: footprintConfigured}
+		return footprintInfo{Bytes: c.GPUMemory, Source: control.FootprintConfigured}
 	}
 	if b, ok := a.footprints.Get(c.Name); ok {
-		return footprintInfo{Bytes: b, Source: footprintMeasured}
+		return footprintInfo{Bytes: b, Source: control.FootprintMeasured}
 	}
 	e := estimate.FromUtilization(c.Command, a.gpuTotal(c, a.gpusOf(s)))
 	if e.Bytes == 0 {
@@ -64,7 +58,7 @@ func (a *Agent) footprintOf(s model.Snapshot) footprintInfo {
 		a.log.Info("footprint estimated", "model", c.Name, "bytes", e.Bytes, "from", e.From)
 	}
 	a.estimates.mu.Unlock()
-	return footprintInfo{Bytes: e.Bytes, Source: footprintEstimated, From: e.From}
+	return footprintInfo{Bytes: e.Bytes, Source: control.FootprintEstimated, From: e.From}
 }
 
 func (a *Agent) fileEstimate(c *config.Model) estimate.Estimate {

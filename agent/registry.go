@@ -239,7 +239,7 @@ func (a *Agent) Reload() error {
 	}
 	a.metrics.Reloads.WithLabelValues("ok").Inc()
 	a.log.Info("config reloaded", "config", cfg.Path, "models", len(reg.list), "added", len(added))
-	a.publishEvent(control.Event{Time: time.Now(), Kind: "reload", Reason: fmt.Sprintf("%d models", len(reg.list))})
+	a.publishEvent(control.Event{Time: time.Now(), Kind: control.EventReload, Reason: fmt.Sprintf("%d models", len(reg.list))})
 	a.kickStatus()
 	return nil
 }

@@ -358,7 +358,7 @@ func (a *Agent) actForRoom(ms *measurement, plan planner.RoomPlan, waits map[str
 func waiterOf(plan planner.RoomPlan, holder string) string {
 	for _, t := range plan.Turns {
 		for _, h := range t.Holders {
-			if h.Model == holder && (h.Label == "idle" || h.Label == "yielding") {
+			if h.Model == holder && h.Label.Freed() {
 				return t.Model
 			}
 		}

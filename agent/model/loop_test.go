@@ -218,7 +218,7 @@ func (r *rig) noCall() {
 }
 
 // waitEvent waits for an event of kind (and, for "state", To == to).
-func (r *rig) waitEvent(kind, to string) control.Event {
+func (r *rig) waitEvent(kind control.EventKind, to string) control.Event {
 	r.t.Helper()
 	timeout := time.After(within)
 	for {
@@ -357,7 +357,7 @@ func TestWakeSingleFlight(t *testing.T) {
 	r.expect(lifecycle.Waking)
 	r.clock.Advance(1500 * time.Millisecond)
 	wake.reply <- nil
-	r.waitEvent("wake", "")
+	r.waitEvent(control.EventWake, "")
 	ended := make(chan *admission, len(waiting))
 	for _, a := range waiting {
 		go func() { <-a.done; ended <- a }()
@@ -428,7 +428,7 @@ func TestDrainThenSleep(t *testing.T) {
 	r := newRig(t, supervisor.Awake, nil)
 	tk := r.granted(r.admit(context.Background()))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	r.noCall() // the request still runs
 	tk.Done(gateway.Outcome{})
 	c := r.next("sleep")
@@ -458,7 +458,7 @@ func TestCancelDrain(t *testing.T) {
 	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.MaxConcurrency = 2 })
 	tk := r.granted(r.admit(context.Background()))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	late := r.granted(r.admit(context.Background()))
 	err := <-slept
 	if err == nil || !strings.Contains(err.Error(), "drain cancelled") {
@@ -476,7 +476,7 @@ func TestDrainAbandoned(t *testing.T) {
 	r := newRig(t, supervisor.Awake, nil)
 	tk := r.granted(r.admit(context.Background()))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	r.clock.Advance(r.cfg.DrainTimeout)
 	r.m.Tick()
 	if err := <-slept; err == nil || !strings.Contains(err.Error(), "drain abandoned") {
@@ -910,7 +910,7 @@ func TestRetryAfterLearned(t *testing.T) {
 	// A refusing drain ends with the request in flight: a typical one.
 	tk := r.granted(r.admit(ctx))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	refused(r.admit(ctx), "model_draining", request)
 	tk.Done(gateway.Outcome{})
 	r.next("sleep").reply <- nil

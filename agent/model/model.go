@@ -564,7 +564,7 @@ func (m *Model) noteState() {
 		attrs = append(attrs, "unit", unit)
 	}
 	m.log.Info("state changed", attrs...)
-	m.emit(control.Event{Kind: "state", From: from, To: after.State.String(), Reason: after.Reason})
+	m.emit(control.Event{Kind: control.EventState, From: from, To: after.State.String(), Reason: after.Reason})
 	if m.d.StatusChanged != nil {
 		m.d.StatusChanged()
 	}
