@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
@@ -87,7 +88,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		t, err := m.Admit(ctx, gateway.Admission{Model: m.Name(), Client: "napctl", Kind: request.Other})
+		t, err := m.Admit(ctx, lease.Request{Model: m.Name(), Client: "napctl", Kind: request.Other})
 		if err == nil {
 			t.Done(gateway.Outcome{})
 		}

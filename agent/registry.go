@@ -11,6 +11,7 @@ import (
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/model"
@@ -334,7 +335,7 @@ func (g *gatewayModels) Progress(model string) (string, bool) {
 }
 
 // Admit implements gateway.Models.
-func (g *gatewayModels) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket, error) {
+func (g *gatewayModels) Admit(ctx context.Context, a lease.Request) (*gateway.Ticket, error) {
 	m, ok := g.agent().reg.Load().byName[a.Model]
 	if !ok {
 		return nil, &gateway.Refusal{Status: http.StatusNotFound, Code: "model_not_found",

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
@@ -66,7 +67,7 @@ func (a *Agent) warmWake(ctx context.Context, name, why string) {
 	c := s.Config
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(c.WakeAttempts)*c.WakeTimeout+time.Minute)
 	defer cancel()
-	t, err := m.Admit(ctx, gateway.Admission{Model: name, Client: "napd", Kind: request.Other})
+	t, err := m.Admit(ctx, lease.Request{Model: name, Client: "napd", Kind: request.Other})
 	if err != nil {
 		a.log.Warn("warm wake failed", "model", name, "err", err)
 		return

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 func TestLoadAPIKeys_ParsesNamesAndKeys(t *testing.T) {
@@ -304,7 +306,7 @@ func TestGateway_ScopedKeys(t *testing.T) {
 
 	// The per-key limit: one request of m2only in flight, the next is 429.
 	hold, entered := make(chan struct{}), make(chan struct{}, 1)
-	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+	e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
 		if a.Client == "m2only" {
 			entered <- struct{}{}
 			<-hold

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/internal/h1"
 	"github.com/napd/napd/internal/mono"
 
@@ -181,7 +182,7 @@ func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key str
 		defer c.scope.release()
 	}
 	c.kind = kindOf(c.path)
-	a := Admission{
+	a := lease.Request{
 		Model:          c.model,
 		Client:         c.client,
 		Kind:           c.kind,
@@ -419,7 +420,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 func (b *bodyReader) done() { _ = b.rc.SetReadDeadline(time.Time{}) }
 
 // admit asks Models for a slot and then replays or proxies.
-func (c *call) admit(ctx context.Context, r *http.Request, up upload, a Admission) {
+func (c *call) admit(ctx context.Context, r *http.Request, up upload, a lease.Request) {
 	asked := c.g.now()
 	var t *Ticket
 	var err error
@@ -524,7 +525,7 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 			// Not the deadline nor the client: the engine stopped.
 			c.fault = FaultCut
 		}
-		out := Outcome{Cancelled: !complete, Fault: c.fault}
+		out := Outcome{Outcome: lease.Outcome{Cancelled: !complete}, Fault: c.fault}
 		if complete && capture {
 			out.Response = c.w.stored()
 		}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/internal/h1"
 )
 
@@ -195,7 +196,7 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 	for _, rt := range []http.RoundTripper{nil, &h1.Transport{}} {
 		e.models.transport = rt
 		var reroutes atomic.Int32
-		e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+		e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
 			t := e.models.ticket(0)
 			t.Target = deadURL
 			t.Reroute = func(ctx context.Context) (*Ticket, error) {
@@ -228,7 +229,7 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 	e.models.transport = nil
 
 	// The model cannot take it back: its refusal is the answer.
-	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+	e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
 		t := e.models.ticket(0)
 		t.Target = deadURL
 		t.Reroute = func(ctx context.Context) (*Ticket, error) {

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/internal/h1"
 	"github.com/napd/napd/internal/mono"
 )
@@ -851,11 +852,11 @@ func (w *recorder) Write(p []byte) (int, error) {
 // stored is the captured response, or nil when it was too large or is
 // not a success: only a complete 2xx is worth replaying, a retry of a
 // failure must run again.
-func (w *recorder) stored() *StoredResponse {
+func (w *recorder) stored() *lease.Stored {
 	if w.overflow || w.status < 200 || w.status > 299 {
 		return nil
 	}
-	return &StoredResponse{Status: w.status, Header: w.header, Body: w.body}
+	return &lease.Stored{Status: w.status, Header: w.header, Body: w.body}
 }
 
 // perReply are headers that describe one reply, not the response itself:

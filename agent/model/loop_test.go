@@ -252,7 +252,7 @@ func (r *rig) admit(ctx context.Context) *admission {
 	a := &admission{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Kind: request.Chat})
+		a.ticket, a.err = r.m.Admit(ctx, lease.Request{Model: "m", Kind: request.Chat})
 	}()
 	return a
 }
@@ -584,7 +584,7 @@ func TestRetire(t *testing.T) {
 	case <-time.After(within):
 		t.Fatal("the removed model's loop did not end")
 	}
-	if _, err := r.m.Admit(context.Background(), gateway.Admission{Model: "m"}); !errors.As(err, &ref) || ref.Code != "model_removed" {
+	if _, err := r.m.Admit(context.Background(), lease.Request{Model: "m"}); !errors.As(err, &ref) || ref.Code != "model_removed" {
 		t.Errorf("admission after removal: %v", err)
 	}
 }
@@ -594,7 +594,7 @@ func (r *rig) admitAs(ctx context.Context, client string) *admission {
 	a := &admission{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Client: client, Kind: request.Chat})
+		a.ticket, a.err = r.m.Admit(ctx, lease.Request{Model: "m", Client: client, Kind: request.Chat})
 	}()
 	return a
 }
