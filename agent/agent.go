@@ -32,9 +32,11 @@ import (
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/measure"
 	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/model"
+	"github.com/napd/napd/agent/room"
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
@@ -88,26 +90,17 @@ type Agent struct {
 	handler atomic.Pointer[http.Handler]
 	gw      atomic.Pointer[gateway.Gateway]
 
-	tracker     *lease.Tracker
-	sup         *supervisor.Supervisor
-	gpu         gpu.Probe
-	host        host.Probe
-	scraper     *enginemetrics.Scraper
-	footprints  *memo.Store // learned GPU footprints
-	ports       *memo.Store // ports napd allocated for port = 0 models
-	placed      *memo.Store // GPU sets chosen for placed models (bitmasks)
-	placement   placements
-	estimates   estimates
-	metrics     *metrics.Metrics
-	hub         *hub
-	notify      notifier
-	measured    atomic.Pointer[measurement]
-	gpuReadings gpuReadings
-	statusKick  chan struct{}
-	room        *room
-	unrelieved  string         // the pressure last reported unrelieved (ticker goroutine only)
-	loops       sync.WaitGroup // model owner loops
-	helpers     sync.WaitGroup // ticker, status, engine events
+	tracker    *lease.Tracker
+	sup        *supervisor.Supervisor
+	prober     *measure.Prober
+	desk       *room.Desk  // the make-room desk and the planner's rounds
+	ports      *memo.Store // ports napd allocated for port = 0 models
+	metrics    *metrics.Metrics
+	hub        *hub
+	notify     notifier
+	statusKick chan struct{}
+	loops      sync.WaitGroup // model owner loops
+	helpers    sync.WaitGroup // ticker, desk, status, engine events
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It
@@ -144,7 +137,6 @@ func Run(ctx context.Context, opts Options) error {
 		hub:        newHub(),
 		notify:     notifier{log: log},
 		statusKick: make(chan struct{}, 1),
-		room:       newRoom(),
 	}
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
@@ -155,27 +147,30 @@ func Run(ctx context.Context, opts Options) error {
 	if err := statefile.Dir(cfg.Agent.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	if a.footprints, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "footprints.json")); err != nil {
-		return err
+	memos := make(map[string]*memo.Store) // learned GPU footprints, ports napd allocated, GPU sets chosen
+	for _, name := range []string{"footprints", "ports", "placements"} {
+		if memos[name], err = memo.Open(filepath.Join(cfg.Agent.StateDir, name+".json")); err != nil {
+			return err
+		}
 	}
-	if a.ports, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "ports.json")); err != nil {
-		return err
-	}
-	if a.placed, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "placements.json")); err != nil {
-		return err
-	}
-	a.placement.why = make(map[string]string)
-	a.estimates.files, a.estimates.logged = make(map[string]fileEstimate), make(map[string]int64)
+	a.ports = memos["ports"]
 	backend, err := opts.OpenBackend(runCtx, cfg.Agent.Supervisor, supervisor.OpenOptions{StateDir: cfg.Agent.StateDir, Logger: log})
 	if err != nil {
 		return err
 	}
 	a.sup = supervisor.New(backend, supervisor.Options{Logger: log, Ports: foreignListeners})
-	var closeGPU func() error
-	a.gpu, closeGPU = gpu.Open(runCtx, log)
+	gpus, closeGPU := gpu.Open(runCtx, log)
 	defer closeGPU()
-	a.host = &host.Reader{}
-	a.scraper = &enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}
+	a.prober = &measure.Prober{Host: &host.Reader{}, GPU: gpus, Supervisor: a.sup, Clock: a.clock, Log: log,
+		Scraper: &enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}}
+	a.desk = room.New(room.Deps{
+		Models:     func() []room.Model { return a.reg.Load().desk },
+		Config:     a.cfg.Load,
+		Measure:    a.prober.Measure,
+		Leases:     func(name string) lease.Evidence { ev, _ := a.tracker.Evidence(name); return ev },
+		Footprints: memos["footprints"], Placements: memos["placements"],
+		Metrics: a.metrics, Emit: a.hub.publish, Clock: a.clock, After: time.After, Log: log,
+	})
 
 	plan, err := a.planRegistry(cfg, nil)
 	if err != nil {
@@ -194,12 +189,12 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	a.helpers.Add(5)
+	a.helpers.Add(4)
 	go a.pumpEngineEvents()
 	go a.ticker(runCtx)
-	go a.roomLoop(runCtx)
-	go a.warmLoop(runCtx)
+	go func() { defer a.helpers.Done(); a.desk.Run(runCtx) }()
 	go a.statusLoop(runCtx)
+	a.desk.WarmOnStart(runCtx)
 	go a.notify.watchdog(runCtx, a.healthy)
 
 	hup := make(chan os.Signal, 1)
@@ -510,7 +505,7 @@ func (a *Agent) ticker(ctx context.Context) {
 			}
 			if now.Sub(lastPlan) >= planEvery {
 				lastPlan = now
-				a.plan(ctx)
+				a.desk.Plan(ctx)
 			}
 		}
 	}
@@ -556,7 +551,7 @@ func (a *Agent) kickStatus() {
 // and the make-room desk (memory may be coming back).
 func (a *Agent) statusChanged() {
 	a.kickStatus()
-	a.room.poke()
+	a.desk.Poke()
 }
 
 // statusLoop keeps systemd's STATUS= line current, at most a few times a

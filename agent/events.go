@@ -6,14 +6,7 @@ import (
 
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/events"
-	"github.com/napd/napd/probes/enginemetrics"
 )
-
-// zmqEvidence is the engine evidence of a serving ZMQ worker. A worker
-// serves one napd session at a time, so every request it runs came through
-// the gateway and holds a lease: the leases are the whole truth, and the
-// engine adds nothing to them.
-var zmqEvidence = enginemetrics.Evidence{Engine: enginemetrics.EngineWorker, Counts: true}
 
 // startEventPublisher binds the PUB socket of agent.events_address and
 // forwards the lifecycle events (state, wake, sleep) the agent emits until

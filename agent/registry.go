@@ -15,6 +15,7 @@ import (
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/model"
+	"github.com/napd/napd/agent/room"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
 )
@@ -23,6 +24,7 @@ import (
 // whole on reload (copy-on-write) and read lock-free by the gateway.
 type registry struct {
 	list    []*model.Model
+	desk    []room.Model // list, as the make-room desk sees it
 	byName  map[string]*model.Model
 	aliases map[string]string
 }
@@ -91,6 +93,7 @@ func (a *Agent) applyRegistry(p *registryPlan, old *registry) *registry {
 			go func() { defer a.loops.Done(); m.Run() }()
 		}
 		r.list = append(r.list, m)
+		r.desk = append(r.desk, m)
 		r.byName[mc.Name] = m
 		for _, al := range mc.Aliases {
 			r.aliases[al] = mc.Name
@@ -108,10 +111,10 @@ func (a *Agent) modelDeps() model.Deps {
 		Emit:          a.hub.publish,
 		StatusChanged: a.statusChanged,
 		Clock:         a.clock,
-		MakeRoom:      a.makeRoom,
-		WaitingFor:    a.room.waitingFor,
-		Idle:          a.room.modelIdle,
-		Probe:         a.probeEngine,
+		MakeRoom:      a.desk.MakeRoom,
+		WaitingFor:    a.desk.WaitingFor,
+		Idle:          a.desk.ModelIdle,
+		Probe:         a.prober.ProbeEngine,
 		Log:           a.log,
 		Ctx:           a.ctx,
 	}
@@ -308,9 +311,9 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
 		s := m.Snapshot()
-		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: g.agent().reason(m.Name(), s.Lifecycle),
+		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: g.agent().desk.Measured().Reason(m.Name(), s.Lifecycle),
 			Serving: s.Lifecycle.State.Serving()}
-		if holders := g.agent().room.waitingFor(m.Name()); holders != "" {
+		if holders := g.agent().desk.WaitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders
 		}
 		out = append(out, info)
@@ -325,7 +328,7 @@ func (g *gatewayModels) Progress(model string) (string, bool) {
 	if !ok || !m.Snapshot().Config.WakeProgress {
 		return "", false
 	}
-	if holders := g.agent().room.waitingFor(model); holders != "" {
+	if holders := g.agent().desk.WaitingFor(model); holders != "" {
 		return model + " waits for GPU memory held by " + holders, true
 	}
 	if m.Snapshot().Lifecycle.State == lifecycle.Waking {

@@ -1,4 +1,4 @@
-package agent
+package room
 
 import (
 	"context"
@@ -38,11 +38,32 @@ func windowStarts(models []*config.Model, after, now time.Time) []string {
 	return names
 }
 
+// WarmOnStart wakes the warm_on_start models, once napd has reconciled,
+// each when it fits as things are. The wakes run on goroutines of their
+// own, within ctx.
+func (d *Desk) WarmOnStart(ctx context.Context) {
+	for _, c := range d.d.Config().Models {
+		if c.WarmOnStart {
+			go d.warmWake(ctx, c.Name, "warm_on_start")
+		}
+	}
+}
+
+// windowsStarted wakes the models whose keep_awake window started since
+// the last round (Plan's).
+func (d *Desk) windowsStarted(ctx context.Context, now time.Time) {
+	for _, name := range windowStarts(d.d.Config().Models, d.windowsAt, now) {
+		go d.warmWake(ctx, name, "keep_awake window starts")
+	}
+	d.windowsAt = now
+}
+
 // warmWake wakes a sleeping model ahead of demand, when it fits as things
 // are: nothing is put to sleep for it, and max_awake is respected. The
 // wake is an arrival with no request behind it, like an operator's.
-func (a *Agent) warmWake(ctx context.Context, name, why string) {
-	m := a.reg.Load().byName[name]
+func (d *Desk) warmWake(ctx context.Context, name, why string) {
+	models := d.d.Models()
+	m := find(models, name)
 	if m == nil {
 		return
 	}
@@ -50,90 +71,66 @@ func (a *Agent) warmWake(ctx context.Context, name, why string) {
 	if s.Lifecycle.State != lifecycle.Sleeping {
 		return
 	}
-	ms := a.measure(ctx)
-	in := a.plannerInput(ms)
-	if ma := planner.PlanMaxAwake(in, name, a.cfg.Load().Policy.MaxAwake); len(ma.Sleeps) > 0 || ma.Wait {
-		a.log.Info("warm wake skipped", "model", name, "why", why, "because", ma.Message)
+	ms := d.measure(ctx, models)
+	in := d.input(ms, models)
+	if ma := planner.PlanMaxAwake(in, name, d.d.Config().Policy.MaxAwake); len(ma.Sleeps) > 0 || ma.Wait {
+		d.d.Log.Info("warm wake skipped", "model", name, "why", why, "because", ma.Message)
 		return
 	}
-	if len(a.gpusOf(s)) > 0 && a.footprint(s) > 0 {
-		plan := planner.PlanRoom(in, []planner.Waiter{{Model: name, Oldest: ms.at}})
+	if len(d.GPUs(s)) > 0 && d.footprint(s, ms) > 0 {
+		plan := planner.PlanRoom(in, []planner.Waiter{{Model: name, Oldest: ms.At}})
 		if t, ok := plan.Turn(name); !ok || t.Verdict != planner.RoomFits {
-			a.log.Info("warm wake skipped", "model", name, "why", why, "because", t.Message)
+			d.d.Log.Info("warm wake skipped", "model", name, "why", why, "because", t.Message)
 			return
 		}
 	}
-	a.log.Info("warm wake", "model", name, "why", why)
+	d.d.Log.Info("warm wake", "model", name, "why", why)
 	c := s.Config
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(c.WakeAttempts)*c.WakeTimeout+time.Minute)
 	defer cancel()
 	t, err := m.Admit(ctx, lease.Request{Model: name, Client: "napd", Kind: request.Other})
 	if err != nil {
-		a.log.Warn("warm wake failed", "model", name, "err", err)
+		d.d.Log.Warn("warm wake failed", "model", name, "err", err)
 		return
 	}
 	t.Done(gateway.Outcome{})
 }
 
-// warmLoop wakes the warm_on_start models once napd has reconciled, then
-// each model whose keep_awake window starts, on the planner's ticks.
-func (a *Agent) warmLoop(ctx context.Context) {
-	defer a.helpers.Done()
-	for _, c := range a.cfg.Load().Models {
-		if c.WarmOnStart {
-			go a.warmWake(ctx, c.Name, "warm_on_start")
-		}
-	}
-	prev := a.clock()
-	tick := time.NewTicker(planEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		now := a.clock()
-		for _, name := range windowStarts(a.cfg.Load().Models, prev, now) {
-			go a.warmWake(ctx, name, "keep_awake window starts")
-		}
-		prev = now
-	}
-}
-
 // maxAwake is a wake's wait for policy.max_awake: the least recently used
 // idle models are put to sleep until the wake is within the limit; while
-// none is idle it waits (bounded by ctx), telling waiting why.
-func (a *Agent) maxAwake(ctx context.Context, name string, waiting func(why string)) error {
-	max := a.cfg.Load().Policy.MaxAwake
-	if max <= 0 {
+// none is idle it waits (bounded by ctx), telling waiting why, and plans
+// again every Poll.
+func (d *Desk) maxAwake(ctx context.Context, name string, waiting func(why string)) error {
+	limit := d.d.Config().Policy.MaxAwake
+	if limit <= 0 {
 		return nil
 	}
 	acted := map[string]time.Time{}
 	told := ""
 	for {
-		ms := a.measure(ctx)
-		res := planner.PlanMaxAwake(a.plannerInput(ms), name, max)
+		models := d.d.Models()
+		ms := d.measure(ctx, models)
+		res := planner.PlanMaxAwake(d.input(ms, models), name, limit)
 		if len(res.Sleeps) == 0 && !res.Wait {
 			return nil
 		}
 		var fresh []planner.Decision
-		for _, d := range res.Sleeps {
-			if at, ok := acted[d.Model]; !ok || a.clock().Sub(at) >= roomReask {
-				acted[d.Model] = a.clock()
-				fresh = append(fresh, d)
+		for _, dec := range res.Sleeps {
+			if at, ok := acted[dec.Model]; !ok || d.d.Clock().Sub(at) >= Reask {
+				acted[dec.Model] = d.d.Clock()
+				fresh = append(fresh, dec)
 			}
 		}
-		a.act(ms, fresh)
+		d.act(ms, models, fresh)
 		if res.Message != told {
 			told = res.Message
-			a.log.Info("waiting for max_awake", "model", name, "why", res.Message)
+			d.d.Log.Info("waiting for max_awake", "model", name, "why", res.Message)
 			waiting(res.Message)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(roomPoll):
+		case <-d.d.After(Poll):
 		}
 	}
 }
