@@ -196,7 +196,7 @@ func newRig(t *testing.T) *rig {
 			r.events = append(r.events, e)
 		},
 		Clock: r.clock.Now, After: r.clock.After,
-		Log:   slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Log: slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -591,7 +591,9 @@ func TestDesk_WarmWakes(t *testing.T) {
 		}
 		// Awake and idle far past its idle timeout: kept while the window
 		// holds, put to sleep after.
-		kept.set(func(s *model.Snapshot) { s.Lifecycle.State, s.Lifecycle.AwakeSince = lifecycle.Awake, t0.Add(-time.Hour) })
+		kept.set(func(s *model.Snapshot) {
+			s.Lifecycle.State, s.Lifecycle.AwakeSince = lifecycle.Awake, t0.Add(-time.Hour)
+		})
 		for range 3 {
 			r.clock.Advance(15 * time.Minute)
 			r.desk.Plan(ctx)
