@@ -36,6 +36,7 @@ import (
 	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/model"
+	"github.com/napd/napd/agent/notify"
 	"github.com/napd/napd/agent/room"
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
@@ -90,17 +91,16 @@ type Agent struct {
 	handler atomic.Pointer[http.Handler]
 	gw      atomic.Pointer[gateway.Gateway]
 
-	tracker    *lease.Tracker
-	sup        *supervisor.Supervisor
-	prober     *measure.Prober
-	desk       *room.Desk  // the make-room desk and the planner's rounds
-	ports      *memo.Store // ports napd allocated for port = 0 models
-	metrics    *metrics.Metrics
-	hub        *hub
-	notify     notifier
-	statusKick chan struct{}
-	loops      sync.WaitGroup // model owner loops
-	helpers    sync.WaitGroup // ticker, desk, status, engine events
+	tracker *lease.Tracker
+	sup     *supervisor.Supervisor
+	prober  *measure.Prober
+	desk    *room.Desk  // the make-room desk and the planner's rounds
+	ports   *memo.Store // ports napd allocated for port = 0 models
+	metrics *metrics.Metrics
+	hub     *hub
+	notify  *notify.Notifier
+	loops   sync.WaitGroup // model owner loops
+	helpers sync.WaitGroup // ticker, desk, status, engine events
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It
@@ -133,10 +133,9 @@ func Run(ctx context.Context, opts Options) error {
 	defer cancel()
 	a := &Agent{
 		opts: opts, log: log, level: lv, ctx: runCtx, clock: time.Now, started: time.Now(),
-		tracker:    lease.NewTracker(lease.Options{}),
-		hub:        newHub(),
-		notify:     notifier{log: log},
-		statusKick: make(chan struct{}, 1),
+		tracker: lease.NewTracker(lease.Options{}),
+		hub:     newHub(),
+		notify:  notify.New(log),
 	}
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
@@ -193,16 +192,16 @@ func Run(ctx context.Context, opts Options) error {
 	go a.pumpEngineEvents()
 	go a.ticker(runCtx)
 	go func() { defer a.helpers.Done(); a.desk.Run(runCtx) }()
-	go a.statusLoop(runCtx)
+	go func() { defer a.helpers.Done(); a.notify.Status(runCtx, a.statusLine) }()
 	a.desk.WarmOnStart(runCtx)
-	go a.notify.watchdog(runCtx, a.healthy)
+	go a.notify.Watchdog(runCtx, a.healthy)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	a.notify.ready()
-	a.kickStatus()
+	a.notify.Ready()
+	a.notify.Kick()
 	log.Info("napd ready", "supervisor", a.sup.Name())
 	for {
 		select {
@@ -211,7 +210,7 @@ func Run(ctx context.Context, opts Options) error {
 				log.Error("reload refused; the running config stays", "err", err)
 			}
 		case <-ctx.Done():
-			a.notify.stopping()
+			a.notify.Stopping()
 			log.Info("napd stopping", "grace", opts.ShutdownGrace)
 			a.tellBalancers(srv, opts.ShutdownGrace)
 			srv.shutdown(opts.ShutdownGrace)
@@ -539,55 +538,21 @@ func (a *Agent) healthy() error {
 	return nil
 }
 
-// kickStatus asks the status loop to refresh the STATUS= line.
-func (a *Agent) kickStatus() {
-	select {
-	case a.statusKick <- struct{}{}:
-	default:
-	}
-}
-
 // statusChanged is told of every model state change: the STATUS= line,
 // and the make-room desk (memory may be coming back).
 func (a *Agent) statusChanged() {
-	a.kickStatus()
+	a.notify.Kick()
 	a.desk.Poke()
 }
 
-// statusLoop keeps systemd's STATUS= line current, at most a few times a
-// second.
-func (a *Agent) statusLoop(ctx context.Context) {
-	defer a.helpers.Done()
-	last := ""
-	refresh := time.NewTicker(5 * time.Second)
-	defer refresh.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.statusKick:
-		case <-refresh.C:
-		}
-		line := a.statusLine()
-		if line != last {
-			a.notify.status(line)
-			last = line
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
+// statusLine is systemd's STATUS= line now.
 func (a *Agent) statusLine() string {
 	states := make(map[lifecycle.State]int)
 	reg := a.reg.Load()
 	for _, m := range reg.list {
 		states[m.Snapshot().Lifecycle.State]++
 	}
-	return statusLine(states, len(reg.list), a.tracker.Stats().Live)
+	return notify.Line(states, len(reg.list), a.tracker.Stats().Live)
 }
 
 // warnConfig logs what is wrong with cfg but does not stop napd: the

@@ -191,8 +191,8 @@ func engineUser(configured string) string {
 func (a *Agent) Reload() error {
 	a.regMu.Lock()
 	defer a.regMu.Unlock()
-	a.notify.reloading()
-	defer a.notify.ready()
+	a.notify.Reloading()
+	defer a.notify.Ready()
 	old := a.cfg.Load()
 	refuse := func(err error) error {
 		a.metrics.Reloads.WithLabelValues("invalid").Inc()
@@ -244,7 +244,7 @@ func (a *Agent) Reload() error {
 	a.metrics.Reloads.WithLabelValues("ok").Inc()
 	a.log.Info("config reloaded", "config", cfg.Path, "models", len(reg.list), "added", len(added))
 	a.publishEvent(control.Event{Time: time.Now(), Kind: control.EventReload, Reason: fmt.Sprintf("%d models", len(reg.list))})
-	a.kickStatus()
+	a.notify.Kick()
 	return nil
 }
 
