@@ -97,7 +97,7 @@ type Agent struct {
 	desk    *room.Desk  // the make-room desk and the planner's rounds
 	ports   *memo.Store // ports napd allocated for port = 0 models
 	metrics *metrics.Metrics
-	hub     *hub
+	hub     *control.Hub
 	notify  *notify.Notifier
 	loops   sync.WaitGroup // model owner loops
 	helpers sync.WaitGroup // ticker, desk, status, engine events
@@ -134,7 +134,7 @@ func Run(ctx context.Context, opts Options) error {
 	a := &Agent{
 		opts: opts, log: log, level: lv, ctx: runCtx, clock: time.Now, started: time.Now(),
 		tracker: lease.NewTracker(lease.Options{}),
-		hub:     newHub(),
+		hub:     control.NewHub(),
 		notify:  notify.New(log),
 	}
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
@@ -168,7 +168,7 @@ func Run(ctx context.Context, opts Options) error {
 		Measure:    a.prober.Measure,
 		Leases:     func(name string) lease.Evidence { ev, _ := a.tracker.Evidence(name); return ev },
 		Footprints: memos["footprints"], Placements: memos["placements"],
-		Metrics: a.metrics, Emit: a.hub.publish, Clock: a.clock, After: time.After, Log: log,
+		Metrics: a.metrics, Emit: a.hub.Publish, Clock: a.clock, After: time.After, Log: log,
 	})
 
 	plan, err := a.planRegistry(cfg, nil)
@@ -564,5 +564,5 @@ func warnConfig(log *slog.Logger, cfg *config.Config) {
 }
 
 func (a *Agent) publishEvent(e control.Event) {
-	a.hub.publish(e)
+	a.hub.Publish(e)
 }

@@ -84,7 +84,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 		return err
 	}
 	progress(m.Snapshot().Lifecycle.State.String())
-	events, cancel := a.hub.subscribe()
+	events, cancel := a.hub.Subscribe()
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
@@ -143,7 +143,7 @@ func (a *Agent) Logs(name string, lines int) ([]string, error) {
 }
 
 // Subscribe implements control.Controller.
-func (a *Agent) Subscribe() (<-chan control.Event, func()) { return a.hub.subscribe() }
+func (a *Agent) Subscribe() (<-chan control.Event, func()) { return a.hub.Subscribe() }
 
 // metricsSnapshot feeds the scrape-time gauges.
 func (a *Agent) metricsSnapshot() metrics.Snapshot {

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"os/user"
-	"slices"
 	"time"
 
 	"github.com/napd/napd/agent/config"
@@ -108,7 +107,7 @@ func (a *Agent) modelDeps() model.Deps {
 		Tracker:       a.tracker,
 		Supervisor:    a.sup,
 		Metrics:       a.metrics,
-		Emit:          a.hub.publish,
+		Emit:          a.hub.Publish,
 		StatusChanged: a.statusChanged,
 		Clock:         a.clock,
 		MakeRoom:      a.desk.MakeRoom,
@@ -220,7 +219,7 @@ func (a *Agent) Reload() error {
 	// Nothing below fails.
 	a.level.Set(lvl)
 	warnConfig(a.log, cfg)
-	if restartOnly := restartOnlyChanges(old, cfg); len(restartOnly) > 0 {
+	if restartOnly := config.RestartOnly(old, cfg); len(restartOnly) > 0 {
 		a.log.Warn("config changes that take effect only at restart", "keys", restartOnly)
 	}
 	a.setGateway(gw)
@@ -246,49 +245,6 @@ func (a *Agent) Reload() error {
 	a.publishEvent(control.Event{Time: time.Now(), Kind: control.EventReload, Reason: fmt.Sprintf("%d models", len(reg.list))})
 	a.notify.Kick()
 	return nil
-}
-
-// restartOnlyChanges lists changed keys a reload cannot apply: listeners and
-// the supervisor are bound at start.
-func restartOnlyChanges(old, cfg *config.Config) []string {
-	var keys []string
-	if old.Agent.Supervisor != cfg.Agent.Supervisor {
-		keys = append(keys, "agent.supervisor")
-	}
-	if old.Agent.StateDir != cfg.Agent.StateDir {
-		keys = append(keys, "agent.state_dir")
-	}
-	if old.Agent.ControlSocket != cfg.Agent.ControlSocket {
-		keys = append(keys, "agent.control_socket")
-	}
-	if old.Agent.MetricsListen != cfg.Agent.MetricsListen {
-		keys = append(keys, "agent.metrics_listen")
-	}
-	if old.Agent.EventsAddress != cfg.Agent.EventsAddress {
-		keys = append(keys, "agent.events_address")
-	}
-	if old.Agent.HAProxyAgentListen != cfg.Agent.HAProxyAgentListen {
-		keys = append(keys, "agent.haproxy_agent_listen")
-	}
-	if !slices.Equal(old.Gateway.Listen, cfg.Gateway.Listen) {
-		keys = append(keys, "gateway.listen")
-	}
-	if old.Gateway.KeepaliveTimeout != cfg.Gateway.KeepaliveTimeout {
-		keys = append(keys, "gateway.keepalive_timeout")
-	}
-	if old.Gateway.MaxConnections != cfg.Gateway.MaxConnections {
-		keys = append(keys, "gateway.max_connections")
-	}
-	oldListen := make(map[string]string)
-	for _, m := range old.Models {
-		oldListen[m.Name] = m.Listen
-	}
-	for _, m := range cfg.Models {
-		if m.Listen != "" && oldListen[m.Name] != m.Listen {
-			keys = append(keys, "models."+m.Name+".listen")
-		}
-	}
-	return keys
 }
 
 // gatewayModels is the Agent as the gateway sees it.
