@@ -295,13 +295,15 @@ func (b *Backend) wait(model string, cmd *exec.Cmd, e *engine, pr *os.File, copi
 		fmt.Fprintf(out, "--- napd: engine %s: %s\n", state, reason)
 	}
 	b.mu.Unlock()
-	close(e.done)
-
+	// Logged before Stop's caller hears of it (done), so that the log
+	// shows the exit before whatever the caller does next (a wake that
+	// took its GPU memory).
 	if state == supervisor.ProcFailed {
 		b.log.Warn("engine exited", "model", model, "pid", e.pid, "status", reason)
 	} else {
 		b.log.Info("engine stopped", "model", model, "pid", e.pid, "status", reason)
 	}
+	close(e.done)
 	b.emit(supervisor.Event{Model: model, State: state, Reason: reason, Time: at})
 }
 
