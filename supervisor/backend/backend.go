@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package backend opens the engine supervisor's backend that napd's
 // agent.supervisor names: systemd (supervisor/systemd), exec
 // (supervisor/process), or auto, systemd when it answers on D-Bus.

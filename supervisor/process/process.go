@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package process is the exec supervisor backend: each engine runs as a
 // child of napd in its own process group, for hosts without systemd (a
 // laptop, a CI box). Stop signals the whole group, an exit is noticed at once

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package systemd is the supervisor.Backend that runs engines as systemd
 // units over D-Bus: a model with a command runs as the transient unit
 // napd-engine-<model>.service; a model with a unit controls that

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package cgroup is the one cgroup reader of napd's supervisor backends: it
 // finds a process's control group, reads the memory the group uses (cgroup
 // v2 memory.current, v1 memory.usage_in_bytes) and lists a group's
