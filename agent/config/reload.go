@@ -7,32 +7,23 @@ import "slices"
 // start.
 func RestartOnly(old, cfg *Config) []string {
 	var keys []string
-	if old.Agent.Supervisor != cfg.Agent.Supervisor {
-		keys = append(keys, "agent.supervisor")
-	}
-	if old.Agent.StateDir != cfg.Agent.StateDir {
-		keys = append(keys, "agent.state_dir")
-	}
-	if old.Agent.ControlSocket != cfg.Agent.ControlSocket {
-		keys = append(keys, "agent.control_socket")
-	}
-	if old.Agent.MetricsListen != cfg.Agent.MetricsListen {
-		keys = append(keys, "agent.metrics_listen")
-	}
-	if old.Agent.EventsAddress != cfg.Agent.EventsAddress {
-		keys = append(keys, "agent.events_address")
-	}
-	if old.Agent.HAProxyAgentListen != cfg.Agent.HAProxyAgentListen {
-		keys = append(keys, "agent.haproxy_agent_listen")
-	}
-	if !slices.Equal(old.Gateway.Listen, cfg.Gateway.Listen) {
-		keys = append(keys, "gateway.listen")
-	}
-	if old.Gateway.KeepaliveTimeout != cfg.Gateway.KeepaliveTimeout {
-		keys = append(keys, "gateway.keepalive_timeout")
-	}
-	if old.Gateway.MaxConnections != cfg.Gateway.MaxConnections {
-		keys = append(keys, "gateway.max_connections")
+	for _, c := range []struct {
+		key     string
+		changed bool
+	}{
+		{"agent.supervisor", old.Agent.Supervisor != cfg.Agent.Supervisor},
+		{"agent.state_dir", old.Agent.StateDir != cfg.Agent.StateDir},
+		{"agent.control_socket", old.Agent.ControlSocket != cfg.Agent.ControlSocket},
+		{"agent.metrics_listen", old.Agent.MetricsListen != cfg.Agent.MetricsListen},
+		{"agent.events_address", old.Agent.EventsAddress != cfg.Agent.EventsAddress},
+		{"agent.haproxy_agent_listen", old.Agent.HAProxyAgentListen != cfg.Agent.HAProxyAgentListen},
+		{"gateway.listen", !slices.Equal(old.Gateway.Listen, cfg.Gateway.Listen)},
+		{"gateway.keepalive_timeout", old.Gateway.KeepaliveTimeout != cfg.Gateway.KeepaliveTimeout},
+		{"gateway.max_connections", old.Gateway.MaxConnections != cfg.Gateway.MaxConnections},
+	} {
+		if c.changed {
+			keys = append(keys, c.key)
+		}
 	}
 	oldListen := make(map[string]string)
 	for _, m := range old.Models {

@@ -1,7 +1,6 @@
 package room
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -126,23 +125,6 @@ func (m *memoMap) Remember(name string, v int64) error {
 	return nil
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // rig is a desk with its fakes. What the next measurement reads is set on
 // it: the GPUs' sizes, what other processes hold on them, and per model
 // what its engine holds and what its evidence says.
@@ -153,7 +135,6 @@ type rig struct {
 	cfg        *config.Config
 	footprints *memoMap
 	placements *memoMap
-	log        *syncBuffer
 
 	mu       sync.Mutex
 	models   []*fakeModel
@@ -169,7 +150,7 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	r := &rig{
-		t: t, clock: fakeclock.New(t0), cfg: config.Default(), log: &syncBuffer{},
+		t: t, clock: fakeclock.New(t0), cfg: config.Default(),
 		footprints: &memoMap{m: map[string]int64{}}, placements: &memoMap{m: map[string]int64{}},
 		gpus: []int64{24 * GiB}, other: map[int]int64{}, held: map[string]map[int]int64{},
 		engines: map[string]planner.Engine{}, procs: map[string][]int{}, leases: map[string]int{},
@@ -196,12 +177,8 @@ func newRig(t *testing.T) *rig {
 			r.events = append(r.events, e)
 		},
 		Clock: r.clock.Now, After: r.clock.After,
-		Log: slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("desk log:\n%s", r.log.String())
-		}
+		// The desk's log is the test's: shown when it fails.
+		Log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	return r
 }
