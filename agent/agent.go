@@ -5,10 +5,13 @@
 // SIGHUP and shuts down on SIGTERM without dropping accepted requests.
 //
 // It owns the registry of models (replaced whole on reload), the gateway and
-// control servers, the planner rounds and the measurements. It must not
-// touch a model's state but through agent/model's methods, decide what the
+// control servers and the wiring of the parts: the model loops
+// (agent/model), the make-room desk that performs the planner's decisions
+// (agent/room), the probes' rounds (agent/measure), sd_notify
+// (agent/notify) and the agent check (agent/fleet). It must not touch a
+// model's state but through agent/model's methods, decide what the
 // lifecycle or the planner decide, or reach past supervisor.Supervisor to a
-// backend.
+// backend (it links none: cmd/napd hands it supervisor/backend.Open).
 package agent
 
 import (
@@ -163,7 +166,12 @@ func Run(ctx context.Context, opts Options) error {
 	a.prober = &measure.Prober{Host: &host.Reader{}, GPU: gpus, Supervisor: a.sup, Clock: a.clock, Log: log,
 		Scraper: &enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}}
 	a.desk = room.New(room.Deps{
-		Models:     func() []room.Model { return a.reg.Load().desk },
+		Models: func() []room.Model {
+			if reg := a.reg.Load(); reg != nil {
+				return reg.desk
+			}
+			return nil
+		},
 		Config:     a.cfg.Load,
 		Measure:    a.prober.Measure,
 		Leases:     func(name string) lease.Evidence { ev, _ := a.tracker.Evidence(name); return ev },
