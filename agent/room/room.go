@@ -255,8 +255,7 @@ func find(models []Model, name string) Model {
 // fixed list). While it waits, waiting is told what for (on changes only).
 // It runs on the wake's goroutine.
 func (d *Desk) MakeRoom(ctx context.Context, name string, waiting func(why string)) ([]int, error) {
-	models := d.d.Models()
-	m := find(models, name)
+	m := find(d.d.Models(), name)
 	if m == nil {
 		return nil, nil
 	}
@@ -265,6 +264,7 @@ func (d *Desk) MakeRoom(ctx context.Context, name string, waiting func(why strin
 	}
 	var gpus []int
 	if cfg := m.Snapshot().Config; cfg.GPUCount > 0 {
+		models := d.d.Models() // after max_awake's wait, which may have been long
 		var err error
 		if gpus, err = d.place(d.measure(ctx, models), models, name); err != nil {
 			return nil, err
