@@ -5,10 +5,13 @@
 // SIGHUP and shuts down on SIGTERM without dropping accepted requests.
 //
 // It owns the registry of models (replaced whole on reload), the gateway and
-// control servers, the planner rounds and the measurements. It must not
-// touch a model's state but through agent/model's methods, decide what the
+// control servers and the wiring of the parts: the model loops
+// (agent/model), the make-room desk that performs the planner's decisions
+// (agent/room), the probes' rounds (agent/measure), sd_notify
+// (agent/notify) and the agent check (agent/fleet). It must not touch a
+// model's state but through agent/model's methods, decide what the
 // lifecycle or the planner decide, or reach past supervisor.Supervisor to a
-// backend.
+// backend (it links none: cmd/napd hands it supervisor/backend.Open).
 package agent
 
 import (
@@ -32,20 +35,20 @@ import (
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/measure"
 	"github.com/napd/napd/agent/memo"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/model"
+	"github.com/napd/napd/agent/notify"
+	"github.com/napd/napd/agent/room"
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
-	"github.com/napd/napd/internal/heapfloor"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
 	"github.com/napd/napd/supervisor"
-	"github.com/napd/napd/supervisor/process"
-	"github.com/napd/napd/supervisor/systemd"
 )
 
 // Options configure a run of the daemon.
@@ -56,11 +59,10 @@ type Options struct {
 	// ShutdownGrace is how long in-flight requests may take to finish after
 	// SIGTERM (default 30s).
 	ShutdownGrace time.Duration
-	// TuneRuntime lets napd size GOMAXPROCS by agent.cpus (see Procs) and
-	// keep a heap floor by agent.heap_floor (internal/heapfloor): the
-	// process's settings, which napd's main lets it make and tests running
-	// an agent in their process do not.
-	TuneRuntime bool
+	// OpenBackend opens the engine supervisor's backend agent.supervisor
+	// names (supervisor/backend.Open in napd): the agent links no concrete
+	// backend.
+	OpenBackend func(ctx context.Context, kind supervisor.Kind, o supervisor.OpenOptions) (supervisor.Backend, error)
 }
 
 // tickEvery is how often each model's deadlines are checked; planEvery how
@@ -92,27 +94,16 @@ type Agent struct {
 	handler atomic.Pointer[http.Handler]
 	gw      atomic.Pointer[gateway.Gateway]
 
-	tracker     *lease.Tracker
-	sup         *supervisor.Supervisor
-	gpu         gpu.Probe
-	host        host.Probe
-	scraper     *enginemetrics.Scraper
-	footprints  *memo.Store // learned GPU footprints
-	ports       *memo.Store // ports napd allocated for port = 0 models
-	placed      *memo.Store // GPU sets chosen for placed models (bitmasks)
-	placement   placements
-	estimates   estimates
-	metrics     *metrics.Metrics
-	hub         *hub
-	notify      notifier
-	measured    atomic.Pointer[measurement]
-	gpuReadings gpuReadings
-	statusKick  chan struct{}
-	room        *room
-	heapFloor   *heapfloor.Floor // nil: none
-	unrelieved  string           // the pressure last reported unrelieved (ticker goroutine only)
-	loops       sync.WaitGroup   // model owner loops
-	helpers     sync.WaitGroup   // ticker, status, engine events
+	tracker *lease.Tracker
+	sup     *supervisor.Supervisor
+	prober  *measure.Prober
+	desk    *room.Desk  // the make-room desk and the planner's rounds
+	ports   *memo.Store // ports napd allocated for port = 0 models
+	metrics *metrics.Metrics
+	hub     *control.Hub
+	notify  *notify.Notifier
+	loops   sync.WaitGroup // model owner loops
+	helpers sync.WaitGroup // ticker, desk, status, engine events
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It
@@ -123,6 +114,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	if opts.ShutdownGrace <= 0 {
 		opts.ShutdownGrace = 30 * time.Second
+	}
+	if opts.OpenBackend == nil {
+		return errors.New("agent: no OpenBackend: the engine supervisor cannot start")
 	}
 	cfg, err := config.Load(opts.ConfigPath)
 	if err != nil {
@@ -142,51 +136,49 @@ func Run(ctx context.Context, opts Options) error {
 	defer cancel()
 	a := &Agent{
 		opts: opts, log: log, level: lv, ctx: runCtx, clock: time.Now, started: time.Now(),
-		tracker:    lease.NewTracker(lease.Options{}),
-		hub:        newHub(),
-		notify:     notifier{log: log},
-		statusKick: make(chan struct{}, 1),
-		room:       newRoom(),
+		tracker: lease.NewTracker(lease.Options{}),
+		hub:     control.NewHub(),
+		notify:  notify.New(log),
 	}
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
 	a.metrics = metrics.New(a.metricsSnapshot)
-	cpus, _ := a.setProcs(cfg)
-	a.setHeapFloor(cfg)
-	defer func() {
-		a.regMu.Lock() // a reload may set it too
-		defer a.regMu.Unlock()
-		a.setHeapFloor(nil)
-	}()
-	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models), "cpus", cpus)
+	log.Info("napd starting", "version", opts.Version, "config", cfg.Path, "models", len(cfg.Models))
+	warnConfig(log, cfg)
 
 	if err := statefile.Dir(cfg.Agent.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	if a.footprints, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "footprints.json")); err != nil {
-		return err
+	memos := make(map[string]*memo.Store) // learned GPU footprints, ports napd allocated, GPU sets chosen
+	for _, name := range []string{"footprints", "ports", "placements"} {
+		if memos[name], err = memo.Open(filepath.Join(cfg.Agent.StateDir, name+".json")); err != nil {
+			return err
+		}
 	}
-	if a.ports, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "ports.json")); err != nil {
-		return err
-	}
-	if a.placed, err = memo.Open(filepath.Join(cfg.Agent.StateDir, "placements.json")); err != nil {
-		return err
-	}
-	a.placement.why = make(map[string]string)
-	a.estimates.files, a.estimates.logged = make(map[string]fileEstimate), make(map[string]int64)
-	backend, err := a.openBackend(runCtx, cfg)
+	a.ports = memos["ports"]
+	backend, err := opts.OpenBackend(runCtx, cfg.Agent.Supervisor, supervisor.OpenOptions{
+		StateDir: cfg.Agent.StateDir, Logger: log, ContainerRuntimes: cfg.ContainerRuntimes()})
 	if err != nil {
 		return err
 	}
-	if backend, err = a.withContainers(runCtx, backend, cfg); err != nil {
-		return err
-	}
 	a.sup = supervisor.New(backend, supervisor.Options{Logger: log, Ports: foreignListeners})
-	var closeGPU func() error
-	a.gpu, closeGPU = gpu.Open(runCtx, log)
+	gpus, closeGPU := gpu.Open(runCtx, log)
 	defer closeGPU()
-	a.host = &host.Reader{}
-	a.scraper = &enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}
+	a.prober = &measure.Prober{Host: &host.Reader{}, GPU: gpus, Supervisor: a.sup, Clock: a.clock, Log: log,
+		Scraper: &enginemetrics.Scraper{Client: &http.Client{Timeout: time.Second}}}
+	a.desk = room.New(room.Deps{
+		Models: func() []room.Model {
+			if reg := a.reg.Load(); reg != nil {
+				return reg.desk
+			}
+			return nil
+		},
+		Config:     a.cfg.Load,
+		Measure:    a.prober.Measure,
+		Leases:     func(name string) lease.Evidence { ev, _ := a.tracker.Evidence(name); return ev },
+		Footprints: memos["footprints"], Placements: memos["placements"],
+		Metrics: a.metrics, Emit: a.hub.Publish, Clock: a.clock, After: time.After, Log: log,
+	})
 
 	plan, err := a.planRegistry(cfg, nil)
 	if err != nil {
@@ -205,20 +197,20 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	a.helpers.Add(5)
+	a.helpers.Add(4)
 	go a.pumpEngineEvents()
 	go a.ticker(runCtx)
-	go a.roomLoop(runCtx)
-	go a.warmLoop(runCtx)
-	go a.statusLoop(runCtx)
-	go a.notify.watchdog(runCtx, a.healthy)
+	go func() { defer a.helpers.Done(); a.desk.Run(runCtx) }()
+	go func() { defer a.helpers.Done(); a.notify.Status(runCtx, a.statusLine) }()
+	a.desk.WarmOnStart(runCtx)
+	go a.notify.Watchdog(runCtx, a.healthy)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	a.notify.ready()
-	a.kickStatus()
+	a.notify.Ready()
+	a.notify.Kick()
 	log.Info("napd ready", "supervisor", a.sup.Name())
 	for {
 		select {
@@ -227,7 +219,7 @@ func Run(ctx context.Context, opts Options) error {
 				log.Error("reload refused; the running config stays", "err", err)
 			}
 		case <-ctx.Done():
-			a.notify.stopping()
+			a.notify.Stopping()
 			log.Info("napd stopping", "grace", opts.ShutdownGrace)
 			a.tellBalancers(srv, opts.ShutdownGrace)
 			srv.shutdown(opts.ShutdownGrace)
@@ -239,32 +231,6 @@ func Run(ctx context.Context, opts Options) error {
 			return nil
 		}
 	}
-}
-
-// openBackend picks the supervisor backend per agent.supervisor.
-func (a *Agent) openBackend(ctx context.Context, cfg *config.Config) (supervisor.Backend, error) {
-	choice := cfg.Agent.Supervisor
-	if choice == config.SupervisorAuto {
-		ok, why := systemd.Probe(ctx)
-		if ok {
-			choice = config.SupervisorSystemd
-		} else {
-			choice = config.SupervisorExec
-		}
-		a.log.Info("supervisor chosen", "supervisor", choice, "why", why)
-	}
-	if choice == config.SupervisorSystemd {
-		b, err := systemd.New(ctx, systemd.Options{Logger: a.log})
-		if err != nil {
-			return nil, fmt.Errorf("systemd supervisor: %w", err)
-		}
-		return b, nil
-	}
-	b, err := process.New(process.Options{StateDir: cfg.Agent.StateDir, Logger: a.log})
-	if err != nil {
-		return nil, fmt.Errorf("exec supervisor: %w", err)
-	}
-	return b, nil
 }
 
 // closeSupervisor closes the backend: exec engines are stopped (no orphans);
@@ -548,7 +514,7 @@ func (a *Agent) ticker(ctx context.Context) {
 			}
 			if now.Sub(lastPlan) >= planEvery {
 				lastPlan = now
-				a.plan(ctx)
+				a.desk.Plan(ctx)
 			}
 		}
 	}
@@ -582,57 +548,31 @@ func (a *Agent) healthy() error {
 	return nil
 }
 
-// kickStatus asks the status loop to refresh the STATUS= line.
-func (a *Agent) kickStatus() {
-	select {
-	case a.statusKick <- struct{}{}:
-	default:
-	}
-}
-
 // statusChanged is told of every model state change: the STATUS= line,
 // and the make-room desk (memory may be coming back).
 func (a *Agent) statusChanged() {
-	a.kickStatus()
-	a.room.poke()
+	a.notify.Kick()
+	a.desk.Poke()
 }
 
-// statusLoop keeps systemd's STATUS= line current, at most a few times a
-// second.
-func (a *Agent) statusLoop(ctx context.Context) {
-	defer a.helpers.Done()
-	last := ""
-	refresh := time.NewTicker(5 * time.Second)
-	defer refresh.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.statusKick:
-		case <-refresh.C:
-		}
-		line := a.statusLine()
-		if line != last {
-			a.notify.status(line)
-			last = line
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
+// statusLine is systemd's STATUS= line now.
 func (a *Agent) statusLine() string {
 	states := make(map[lifecycle.State]int)
 	reg := a.reg.Load()
 	for _, m := range reg.list {
 		states[m.Snapshot().Lifecycle.State]++
 	}
-	return statusLine(states, len(reg.list), a.tracker.Stats().Live)
+	return notify.Line(states, len(reg.list), a.tracker.Stats().Live)
+}
+
+// warnConfig logs what is wrong with cfg but does not stop napd: the
+// deprecated keys it sets, each with what to do instead.
+func warnConfig(log *slog.Logger, cfg *config.Config) {
+	for _, w := range cfg.Warnings {
+		log.Warn("config key ignored", "file", w.File, "line", w.Line, "key", w.Key, "why", w.Message)
+	}
 }
 
 func (a *Agent) publishEvent(e control.Event) {
-	a.hub.publish(e)
+	a.hub.Publish(e)
 }

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
+	"strconv"
 
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/model"
-	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/request"
 )
@@ -28,16 +29,16 @@ func (a *Agent) model(name string) (*model.Model, error) {
 func (a *Agent) Status() control.Status {
 	cfg := a.cfg.Load()
 	st := control.Status{Version: a.opts.Version, Supervisor: a.sup.Name(), Config: cfg.Path, Started: a.started}
-	ms := a.measured.Load()
+	ms := a.desk.Measured()
 	if ms != nil {
-		if ms.haveMem {
-			st.Host = control.HostMemory{TotalBytes: ms.host.MemTotal, AvailableBytes: ms.host.MemAvailable}
-			if ms.host.HavePSI {
-				v := ms.host.PSI.Some.Avg10
+		if ms.HaveMem {
+			st.Host = control.HostMemory{TotalBytes: ms.Host.MemTotal, AvailableBytes: ms.Host.MemAvailable}
+			if ms.Host.HavePSI {
+				v := ms.Host.PSI.Some.Avg10
 				st.Host.PSISomeAvg10 = &v
 			}
 		}
-		for _, d := range ms.gpus.Devices {
+		for _, d := range ms.GPUs.Devices {
 			st.GPUs = append(st.GPUs, control.GPUMemory{Index: d.Index, Name: d.Name, TotalBytes: d.Total, UsedBytes: d.Used, FreeBytes: d.Free})
 		}
 	}
@@ -45,28 +46,28 @@ func (a *Agent) Status() control.Status {
 		s := m.Snapshot()
 		ev, _ := a.tracker.Evidence(m.Name())
 		row := control.ModelStatus{
-			Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: a.reason(m.Name(), s.Lifecycle),
-			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: s.Config.Transport, Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
+			Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: ms.Reason(m.Name(), s.Lifecycle),
+			StateSince: s.Lifecycle.Since, Port: s.Spec.Port, Transport: string(s.Config.Transport), Sleep: s.Config.Sleep, Pinned: s.Config.Pinned,
 			Leases: ev.Active, QueueDepth: s.QueueDepth, LastWakeMs: s.Lifecycle.LastWake.Milliseconds(),
 			Attempts: s.Lifecycle.Attempts,
-			Unit:     a.sup.UnitName(s.Spec), GPUs: a.gpusOf(s), Placement: a.placedWhy(m.Name()),
+			Unit:     a.sup.UnitName(s.Spec), GPUs: a.desk.GPUs(s), Placement: a.desk.PlacedWhy(m.Name()),
 			SleptWith: s.Slept,
 		}
-		fp := a.footprintOf(s)
+		fp := a.desk.Footprint(s)
 		row.Footprint, row.FootprintSource, row.FootprintFrom = fp.Bytes, fp.Source, fp.From
-		if holders := a.room.waitingFor(m.Name()); holders != "" {
+		if holders := a.desk.WaitingFor(m.Name()); holders != "" {
 			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders
 		}
 		if since := s.Lifecycle.IdleSince(ev); ev.Active == 0 && !since.IsZero() {
 			row.IdleSince = &since
 		}
 		if ms != nil {
-			if mm, ok := ms.models[m.Name()]; ok {
-				if mm.proc.HaveMemory {
-					b := mm.proc.MemoryBytes
+			if mm, ok := ms.Models[m.Name()]; ok {
+				if mm.Proc.HaveMemory {
+					b := mm.Proc.MemoryBytes
 					row.EngineBytes = &b
 				}
-				row.GPUBytes = gpuBytesByIndex(mm.gpuBytes)
+				row.GPUBytes = gpuBytesByIndex(mm.GPUBytes)
 			}
 		}
 		st.Models = append(st.Models, row)
@@ -83,11 +84,11 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 		return err
 	}
 	progress(m.Snapshot().Lifecycle.State.String())
-	events, cancel := a.hub.subscribe()
+	events, cancel := a.hub.Subscribe()
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		t, err := m.Admit(ctx, gateway.Admission{Model: m.Name(), Client: "napctl", Kind: request.Other})
+		t, err := m.Admit(ctx, lease.Request{Model: m.Name(), Client: "napctl", Kind: request.Other})
 		if err == nil {
 			t.Done(gateway.Outcome{})
 		}
@@ -102,7 +103,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 			}
 			return err
 		case e := <-events:
-			if e.Model == m.Name() && e.Kind == "state" {
+			if e.Model == m.Name() && e.Kind == control.EventState {
 				progress(e.To)
 			}
 		}
@@ -142,9 +143,48 @@ func (a *Agent) Logs(name string, lines int) ([]string, error) {
 }
 
 // Subscribe implements control.Controller.
-func (a *Agent) Subscribe() (<-chan control.Event, func()) { return a.hub.subscribe() }
+func (a *Agent) Subscribe() (<-chan control.Event, func()) { return a.hub.Subscribe() }
 
-// controlDecision is a planner decision as an event.
-func controlDecision(d planner.Decision) control.Event {
-	return control.Event{Time: time.Now(), Model: d.Model, Kind: "decision", Reason: d.Message}
+// metricsSnapshot feeds the scrape-time gauges.
+func (a *Agent) metricsSnapshot() metrics.Snapshot {
+	ms := a.desk.Measured()
+	snap := metrics.Snapshot{HostAvailable: -1}
+	for _, m := range a.reg.Load().list {
+		s := m.Snapshot()
+		ev, _ := a.tracker.Evidence(m.Name())
+		mm := metrics.Model{Name: m.Name(), State: s.Lifecycle.State, QueueDepth: s.QueueDepth, Leases: ev.Active, EngineBytes: -1}
+		if ms != nil {
+			if me, ok := ms.Models[m.Name()]; ok {
+				if me.Proc.HaveMemory {
+					mm.EngineBytes = me.Proc.MemoryBytes
+				}
+				mm.GPUBytes = gpuBytesByIndex(me.GPUBytes)
+			}
+		}
+		snap.Models = append(snap.Models, mm)
+	}
+	if ms != nil {
+		if ms.HaveMem {
+			snap.HostAvailable = ms.Host.MemAvailable
+			snap.HavePSI, snap.PSISomeAvg10 = ms.Host.HavePSI, ms.Host.PSI.Some.Avg10
+		}
+		for _, d := range ms.GPUs.Devices {
+			if d.HaveMemory {
+				snap.GPUs = append(snap.GPUs, metrics.GPU{Index: strconv.Itoa(d.Index), Total: d.Total, Used: d.Used})
+			}
+		}
+	}
+	return snap
+}
+
+// gpuBytesByIndex renders per-GPU bytes with string keys for JSON.
+func gpuBytesByIndex(per map[int]int64) map[string]int64 {
+	if len(per) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(per))
+	for g, b := range per {
+		out[strconv.Itoa(g)] = b
+	}
+	return out
 }

@@ -2,63 +2,24 @@ package agent
 
 import (
 	"context"
-	"time"
 
-	"github.com/napd/napd/agent/config"
-	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/events"
-	"github.com/napd/napd/probes/enginemetrics"
 )
 
-// zmqEvidence is the engine evidence of a serving ZMQ worker. A worker
-// serves one napd session at a time, so every request it runs came through
-// the gateway and holds a lease: the leases are the whole truth, and the
-// engine adds nothing to them.
-var zmqEvidence = enginemetrics.Evidence{Engine: config.TransportZMQ, Counts: true}
-
 // startEventPublisher binds the PUB socket of agent.events_address and
-// forwards the lifecycle events (state, wake, sleep) the agent emits until
-// ctx ends, then closes it. The hub drops events the publisher does not
-// take at once, so publishing never slows a model's loop.
+// forwards the lifecycle events the agent emits until ctx ends. The hub
+// drops events the publisher does not take at once, so publishing never
+// slows a model's loop.
 func (a *Agent) startEventPublisher(ctx context.Context, address string) error {
 	pub, err := events.NewPublisher(address)
 	if err != nil {
 		return err
 	}
-	ch, unsubscribe := a.hub.subscribe()
-	a.helpers.Add(1)
-	go func() {
-		defer a.helpers.Done()
-		defer pub.Close()
+	ch, unsubscribe := a.hub.Subscribe()
+	a.helpers.Go(func() {
 		defer unsubscribe()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e := <-ch:
-				ev, ok := lifecycleEvent(e)
-				if !ok {
-					continue
-				}
-				if err := pub.Publish(ev); err != nil {
-					a.log.Warn("publishing a lifecycle event", "err", err)
-				}
-			}
-		}
-	}()
+		pub.Forward(ctx, ch, a.log)
+	})
 	a.log.Info("publishing lifecycle events", "address", address)
 	return nil
-}
-
-// lifecycleEvent maps an agent event onto the published schema; planner
-// decisions and reloads are not model lifecycle events.
-func lifecycleEvent(e control.Event) (events.Event, bool) {
-	kind := events.Kind(e.Kind)
-	if e.Model == "" || (kind != events.KindState && kind != events.KindWake && kind != events.KindSleep) {
-		return events.Event{}, false
-	}
-	return events.Event{
-		Time: e.Time, Model: e.Model, Kind: kind, From: e.From, To: e.To, Reason: e.Reason,
-		WakeDuration: time.Duration(e.WakeMs) * time.Millisecond,
-	}, true
 }

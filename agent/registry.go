@@ -6,14 +6,15 @@ import (
 	"net/http"
 	"os"
 	"os/user"
-	"slices"
 	"time"
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/model"
+	"github.com/napd/napd/agent/room"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
 )
@@ -22,6 +23,7 @@ import (
 // whole on reload (copy-on-write) and read lock-free by the gateway.
 type registry struct {
 	list    []*model.Model
+	desk    []room.Model // list, as the make-room desk sees it
 	byName  map[string]*model.Model
 	aliases map[string]string
 }
@@ -90,6 +92,7 @@ func (a *Agent) applyRegistry(p *registryPlan, old *registry) *registry {
 			go func() { defer a.loops.Done(); m.Run() }()
 		}
 		r.list = append(r.list, m)
+		r.desk = append(r.desk, m)
 		r.byName[mc.Name] = m
 		for _, al := range mc.Aliases {
 			r.aliases[al] = mc.Name
@@ -104,13 +107,13 @@ func (a *Agent) modelDeps() model.Deps {
 		Tracker:       a.tracker,
 		Supervisor:    a.sup,
 		Metrics:       a.metrics,
-		Emit:          a.hub.publish,
+		Emit:          a.hub.Publish,
 		StatusChanged: a.statusChanged,
 		Clock:         a.clock,
-		MakeRoom:      a.makeRoom,
-		WaitingFor:    a.room.waitingFor,
-		Idle:          a.room.modelIdle,
-		Probe:         a.probeEngine,
+		MakeRoom:      a.desk.MakeRoom,
+		WaitingFor:    a.desk.WaitingFor,
+		Idle:          a.desk.ModelIdle,
+		Probe:         a.prober.ProbeEngine,
 		Log:           a.log,
 		Ctx:           a.ctx,
 	}
@@ -158,10 +161,27 @@ func specOf(mc *config.Model, port int) supervisor.Spec {
 		Sleep:            mc.Sleep,
 		StopTimeout:      mc.StopTimeout,
 	}
-	if spec.Container = containerOf(mc); spec.Container == nil {
+	if spec.Container = containerOf(mc, port); spec.Container == nil {
 		spec.User = engineUser(mc.User)
 	}
 	return spec
+}
+
+// containerOf is the container a model's engine runs in on port; nil for a
+// model without an image.
+func containerOf(mc *config.Model, port int) *supervisor.Container {
+	if mc.Image == "" {
+		return nil
+	}
+	return &supervisor.Container{
+		Runtime: mc.ContainerRuntime,
+		Program: mc.ContainerProgram,
+		Image:   config.ExpandPortIn([]string{mc.Image}, port)[0],
+		Volumes: config.ExpandPortIn(mc.Volumes, port),
+		Args:    config.ExpandPortIn(mc.ContainerArgs, port),
+		Pull:    mc.Pull,
+		Port:    mc.ContainerPort,
+	}
 }
 
 // DefaultEngineUser is the account engines run as when a model sets no
@@ -190,8 +210,8 @@ func engineUser(configured string) string {
 func (a *Agent) Reload() error {
 	a.regMu.Lock()
 	defer a.regMu.Unlock()
-	a.notify.reloading()
-	defer a.notify.ready()
+	a.notify.Reloading()
+	defer a.notify.Ready()
 	old := a.cfg.Load()
 	refuse := func(err error) error {
 		a.metrics.Reloads.WithLabelValues("invalid").Inc()
@@ -218,14 +238,8 @@ func (a *Agent) Reload() error {
 
 	// Nothing below fails.
 	a.level.Set(lvl)
-	if now, before := a.setProcs(cfg); now != before {
-		a.log.Info("cpus changed", "from", before, "to", now)
-	}
-	if cfg.Agent.HeapFloor != old.Agent.HeapFloor {
-		a.setHeapFloor(cfg)
-		a.log.Info("heap_floor changed", "from", old.Agent.HeapFloor, "to", cfg.Agent.HeapFloor)
-	}
-	if restartOnly := restartOnlyChanges(old, cfg); len(restartOnly) > 0 {
+	warnConfig(a.log, cfg)
+	if restartOnly := config.RestartOnly(old, cfg); len(restartOnly) > 0 {
 		a.log.Warn("config changes that take effect only at restart", "keys", restartOnly)
 	}
 	a.setGateway(gw)
@@ -248,52 +262,9 @@ func (a *Agent) Reload() error {
 	}
 	a.metrics.Reloads.WithLabelValues("ok").Inc()
 	a.log.Info("config reloaded", "config", cfg.Path, "models", len(reg.list), "added", len(added))
-	a.publishEvent(control.Event{Time: time.Now(), Kind: "reload", Reason: fmt.Sprintf("%d models", len(reg.list))})
-	a.kickStatus()
+	a.publishEvent(control.Event{Time: time.Now(), Kind: control.EventReload, Reason: fmt.Sprintf("%d models", len(reg.list))})
+	a.notify.Kick()
 	return nil
-}
-
-// restartOnlyChanges lists changed keys a reload cannot apply: listeners and
-// the supervisor are bound at start.
-func restartOnlyChanges(old, cfg *config.Config) []string {
-	var keys []string
-	if old.Agent.Supervisor != cfg.Agent.Supervisor {
-		keys = append(keys, "agent.supervisor")
-	}
-	if old.Agent.StateDir != cfg.Agent.StateDir {
-		keys = append(keys, "agent.state_dir")
-	}
-	if old.Agent.ControlSocket != cfg.Agent.ControlSocket {
-		keys = append(keys, "agent.control_socket")
-	}
-	if old.Agent.MetricsListen != cfg.Agent.MetricsListen {
-		keys = append(keys, "agent.metrics_listen")
-	}
-	if old.Agent.EventsAddress != cfg.Agent.EventsAddress {
-		keys = append(keys, "agent.events_address")
-	}
-	if old.Agent.HAProxyAgentListen != cfg.Agent.HAProxyAgentListen {
-		keys = append(keys, "agent.haproxy_agent_listen")
-	}
-	if !slices.Equal(old.Gateway.Listen, cfg.Gateway.Listen) {
-		keys = append(keys, "gateway.listen")
-	}
-	if old.Gateway.KeepaliveTimeout != cfg.Gateway.KeepaliveTimeout {
-		keys = append(keys, "gateway.keepalive_timeout")
-	}
-	if old.Gateway.MaxConnections != cfg.Gateway.MaxConnections {
-		keys = append(keys, "gateway.max_connections")
-	}
-	oldListen := make(map[string]string)
-	for _, m := range old.Models {
-		oldListen[m.Name] = m.Listen
-	}
-	for _, m := range cfg.Models {
-		if m.Listen != "" && oldListen[m.Name] != m.Listen {
-			keys = append(keys, "models."+m.Name+".listen")
-		}
-	}
-	return keys
 }
 
 // gatewayModels is the Agent as the gateway sees it.
@@ -316,9 +287,9 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
 		s := m.Snapshot()
-		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: g.agent().reason(m.Name(), s.Lifecycle),
+		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: g.agent().desk.Measured().Reason(m.Name(), s.Lifecycle),
 			Serving: s.Lifecycle.State.Serving()}
-		if holders := g.agent().room.waitingFor(m.Name()); holders != "" {
+		if holders := g.agent().desk.WaitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders
 		}
 		out = append(out, info)
@@ -333,7 +304,7 @@ func (g *gatewayModels) Progress(model string) (string, bool) {
 	if !ok || !m.Snapshot().Config.WakeProgress {
 		return "", false
 	}
-	if holders := g.agent().room.waitingFor(model); holders != "" {
+	if holders := g.agent().desk.WaitingFor(model); holders != "" {
 		return model + " waits for GPU memory held by " + holders, true
 	}
 	if m.Snapshot().Lifecycle.State == lifecycle.Waking {
@@ -343,7 +314,7 @@ func (g *gatewayModels) Progress(model string) (string, bool) {
 }
 
 // Admit implements gateway.Models.
-func (g *gatewayModels) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket, error) {
+func (g *gatewayModels) Admit(ctx context.Context, a lease.Request) (*gateway.Ticket, error) {
 	m, ok := g.agent().reg.Load().byName[a.Model]
 	if !ok {
 		return nil, &gateway.Refusal{Status: http.StatusNotFound, Code: "model_not_found",

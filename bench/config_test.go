@@ -92,10 +92,9 @@ func TestConfig_RealEngineAndB(t *testing.T) {
 }
 
 // TestConfig_Scale checks the scale napd's config: scaleModels models on
-// ports napd picks, and heap_floor = "0" where asked.
+// ports napd picks.
 func TestConfig_Scale(t *testing.T) {
 	n := testNapd(t, "napd")
-	n.agentKeys = "heap_floor = \"0\"\n"
 	c := parseConfig(t, n, scaleModelList("/bin/true"))
 	if len(c.Models) != scaleModels {
 		t.Fatalf("%d models, want %d", len(c.Models), scaleModels)
@@ -104,9 +103,6 @@ func TestConfig_Scale(t *testing.T) {
 		if m.Port != 0 {
 			t.Fatalf("%s: port %d, want 0 (napd picks)", m.Name, m.Port)
 		}
-	}
-	if c.Agent.HeapFloor != 0 {
-		t.Errorf("heap floor %d, want 0", c.Agent.HeapFloor)
 	}
 }
 

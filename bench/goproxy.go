@@ -11,13 +11,10 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/napd/napd/agent"
 )
 
 // Two Go proxies run beside nginx and napd, to show which part of napd's
@@ -148,11 +145,10 @@ func startGoProxy(enginePort int) (*goProxy, error) {
 }
 
 // startFloor runs this program as the Go floor to the engine on
-// enginePort, its Go code on as many CPUs as napd's default (agent.cpus)
-// runs napd's, and waits until it answers.
+// enginePort, its Go code on as many CPUs as napd's (Go's default, from
+// the CPUs it may use), and waits until it answers.
 func startFloor(enginePort int) (*goProxy, error) {
-	procs := agent.Procs(0, false, runtime.GOMAXPROCS(0))
-	return startProxy("-floor", fmt.Sprintf("127.0.0.1:%d", enginePort), "GOMAXPROCS="+strconv.Itoa(procs))
+	return startProxy("-floor", fmt.Sprintf("127.0.0.1:%d", enginePort))
 }
 
 // startProxy runs this program with mode (-goproxy, -floor) to target

@@ -25,15 +25,14 @@ var wakeDelays = []time.Duration{300 * time.Millisecond, time.Second, 2 * time.S
 
 // napd is a napd process under test and the engines it supervises.
 type napd struct {
-	name      string // its row in the wrk tables
-	agentKeys string // more lines for its config's [agent] table
-	dir       string
-	addr      string         // gateway host:port
-	engines   map[string]int // engine port by model, for direct requests
-	socket    string
-	cmd       *exec.Cmd
-	log       bytes.Buffer
-	exited    chan struct{}
+	name    string // its row in the wrk tables
+	dir     string
+	addr    string         // gateway host:port
+	engines map[string]int // engine port by model, for direct requests
+	socket  string
+	cmd     *exec.Cmd
+	log     bytes.Buffer
+	exited  chan struct{}
 }
 
 // newNapd makes the directory (its name starting with prefix) of a napd
@@ -211,12 +210,12 @@ state_dir = %q
 control_socket = %q
 metrics_listen = ""
 log_level = "info"
-%s
+
 [gateway]
 listen = [%q]
 request_timeout = %q
 max_connections = 16384
-`, filepath.Join(n.dir, "state"), n.socket, n.agentKeys, n.addr, requestTimeout)
+`, filepath.Join(n.dir, "state"), n.socket, n.addr, requestTimeout)
 }
 
 // launch writes cfg into n.dir and runs napd from binDir on it, with env

@@ -25,37 +25,31 @@ const (
 // scaleFigures are napd's memory with scaleModels asleep and how fast
 // `napctl status` answers there.
 type scaleFigures struct {
-	startup    time.Duration // napd's start to its /health answering
-	rss        int64
-	rssNoFloor int64           // the same with agent.heap_floor off
-	status     []time.Duration // wall time of each `napctl status`, process start included, sorted
-	manyOpen   int             // streams open at once in the 10,000-stream run
-	manyRSS    int64           // napd's RSS with them open
-	manyPeak   int64
-	nofile     uint64 // the open-file limit napd ran with
+	startup  time.Duration // napd's start to its /health answering
+	rss      int64
+	status   []time.Duration // wall time of each `napctl status`, process start included, sorted
+	manyOpen int             // streams open at once in the 10,000-stream run
+	manyRSS  int64           // napd's RSS with them open
+	manyPeak int64
+	nofile   uint64 // the open-file limit napd ran with
 }
 
 // measureScale starts a second napd with scaleModels models that are never
-// woken and measures its start-up, its RSS and `napctl status`; then a
-// third alike with agent.heap_floor off, for its RSS.
+// woken and measures its start-up, its RSS and `napctl status`.
 func measureScale(ctx context.Context, binDir, self string, f *scaleFigures) error {
 	var err error
-	if f.startup, f.rss, f.status, err = scaleNapd(ctx, binDir, self, ""); err != nil {
-		return err
-	}
-	_, f.rssNoFloor, _, err = scaleNapd(ctx, binDir, self, "heap_floor = \"0\"\n")
+	f.startup, f.rss, f.status, err = scaleNapd(ctx, binDir, self)
 	return err
 }
 
-// scaleNapd runs a napd with scaleModels sleeping models and agentKeys in
-// its [agent] table: how long it took to answer /health from its start,
-// its RSS after 20 `napctl status` and their wall times, sorted.
-func scaleNapd(ctx context.Context, binDir, self, agentKeys string) (startup time.Duration, rss int64, status []time.Duration, err error) {
+// scaleNapd runs a napd with scaleModels sleeping models: how long it took
+// to answer /health from its start, its RSS after 20 `napctl status` and
+// their wall times, sorted.
+func scaleNapd(ctx context.Context, binDir, self string) (startup time.Duration, rss int64, status []time.Duration, err error) {
 	n, err := newNapd("napd", "napd-bench-scale-")
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	n.agentKeys = agentKeys
 	start := time.Now()
 	if err := n.start(binDir, scaleModelList(self)); err != nil {
 		return 0, 0, nil, err
@@ -116,24 +110,19 @@ func (r *report) scaleMarkdown(b *strings.Builder) {
 | | figure | target | |
 |---|---|---|---|
 | napd RSS with %d streams open at once (%d opened) | %s (peak %s) | < 1 GiB | %s |
-| napd RSS with %d configured models, all asleep | %s (heap_floor = "0": %s) | < 40 MiB | %s |
+| napd RSS with %d configured models, all asleep | %s | < 40 MiB | %s |
 | napd's start with them, until /health answers | %s | | |
 | `+"`napctl status`"+` there, median of %d | %s (slowest %s) | < 50 ms | %s |
 
 Streams: as in the table above (one chunk a second each), all through napd
 to one model. Models: a second napd whose %d models (sleep = "stop", port =
 0: napd picks the ports) are never woken, measured after start-up and the
-`+"`napctl status`"+` calls, the largest of five samples. Its start-up
-allocates fast enough for the heap floor (agent.heap_floor, on by default)
-to raise the garbage collector's goal, so what start-up left behind stays
-resident until napd's next collection, as the heap floor's documentation
-says; a third napd, alike with `+"`heap_floor = \"0\"`"+`, shows what the
-models themselves hold. The goal is checked on the first, napd's defaults.
+`+"`napctl status`"+` calls, the largest of five samples.
 `+"`napctl status`"+`: the wall time of the whole command, process start
 included, as an operator sees it.
 %s
 `, manyStreamsWant, s.manyOpen, mib(s.manyRSS), mib(s.manyPeak), s.manyVerdict(),
-		scaleModels, mib(s.rss), mib(s.rssNoFloor), met(s.rss > 0 && s.rss < targetManyRSS),
+		scaleModels, mib(s.rss), met(s.rss > 0 && s.rss < targetManyRSS),
 		s.startup.Round(10*time.Millisecond),
 		statusCalls, ms1(status.median), ms1(slowest), met(status.median > 0 && status.median < targetStatus),
 		scaleModels, s.nofileNote())

@@ -351,8 +351,8 @@ one goroutine per client connection with an engine connection of its own,
 heads passed on unread, bodies by Content-Length, its Go code on as many
 CPUs as napd's; no routing, limits, headers or errors. It pays what the Go
 runtime and the kernel cost for the two reads and two writes napd makes
-per request too: what napd costs beyond it is napd's own work. napd runs with its config's defaults, agent.cpus
-included (its Go code on half the CPUs, rounded up, two at least: two here). Proxy CPU per request: the proxy's user and
+per request too: what napd costs beyond it is napd's own work. napd runs with its config's defaults and Go's own
+GOMAXPROCS (the CPUs it may use: two here). Proxy CPU per request: the proxy's user and
 system time from /proc/PID/stat over the run, divided by the requests wrk
 completed (10 ms ticks: over a %s run of thousands of requests, well
 resolved), their sum first. Engine CPU per request: the engine's, measured
@@ -418,9 +418,9 @@ counts) on the 2-core machine above, beside the Go floor:
   heap is a megabyte, it allocates ~5 KiB per request) napd collected
   ~25 times a second, each scanning every goroutine's stack; with a
   32 MiB goal (GOGC=800), three times a second, and 2.4 µs less user
-  time per request (five interleaved rounds, every one lower): the heap
-  floor (agent.heap_floor, on by default) keeps that goal while the heap
-  grows fast. The floor with 30 extra allocations of 96 bytes per
+  time per request (five interleaved rounds, every one lower): a heap
+  floor (agent.heap_floor, since deprecated and ignored: it paid only
+  here) kept that goal while the heap grew fast. The floor with 30 extra allocations of 96 bytes per
   request spends ~2 µs more per request and loses 2-5 % of its
   throughput; the
   request's and the answer's heads (the request's header map, net/http's
@@ -475,8 +475,9 @@ counts) on the 2-core machine above, beside the Go floor:
   wildcards, only on a path that holds their longest literal run.
   Socket deadlines move only when a read or write would reach them.
   Durations read the monotonic clock alone.
-- napd runs its Go code on half the CPUs it may use, two at least
-  (agent.cpus, docs/config.md): two on this 2-CPU machine. With one, each
+- napd ran its Go code on half the CPUs it may use, two at least
+  (agent.cpus, since deprecated and ignored: Go's own GOMAXPROCS, two
+  here, is the same on this 2-CPU machine). With one, each
   request's forwarding waits for every other request's work on that
   thread, and the engine gets its requests further apart: in twelve
   interleaved rounds at -c32, two threads gave 5-10 % more throughput

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/internal/statefile"
 )
 
@@ -203,7 +204,7 @@ func (s *Scope) MayUse(requested, model string) bool {
 		return true
 	}
 	for _, p := range s.Models {
-		if glob(p, requested) || (model != "" && glob(p, model)) {
+		if pathrule.Match(p, requested) || (model != "" && pathrule.Match(p, model)) {
 			return true
 		}
 	}

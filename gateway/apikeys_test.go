@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 func TestLoadAPIKeys_ParsesNamesAndKeys(t *testing.T) {
@@ -215,21 +217,6 @@ func TestLoadAPIKeys_ScopeFields(t *testing.T) {
 	}
 }
 
-func TestGlob(t *testing.T) {
-	for _, c := range []struct {
-		pattern, name string
-		want          bool
-	}{
-		{"*", "", true}, {"*", "a/b", true}, {"a*", "a", true}, {"a*c", "abbbc", true},
-		{"a*c", "abbb", false}, {"?", "a", true}, {"?", "", false}, {"a?c", "abc", true},
-		{"*a*a*a*a*a*b", strings.Repeat("a", 200), false}, {"exact", "exact", true}, {"exact", "exac", false},
-	} {
-		if got := glob(c.pattern, c.name); got != c.want {
-			t.Errorf("glob(%q, %q) = %v, want %v", c.pattern, c.name, got, c.want)
-		}
-	}
-}
-
 func TestAPIKeys_InheritKeepsInFlightCounts(t *testing.T) {
 	old, _ := parseAPIKeys("keys", []byte("alice:sk-1 concurrency=1\n"))
 	if !old.scope("alice").acquire() {
@@ -317,7 +304,7 @@ func TestGateway_ScopedKeys(t *testing.T) {
 
 	// The per-key limit: one request of m2only in flight, the next is 429.
 	hold, entered := make(chan struct{}), make(chan struct{}, 1)
-	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+	e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
 		if a.Client == "m2only" {
 			entered <- struct{}{}
 			<-hold

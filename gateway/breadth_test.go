@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/request"
 )
 
@@ -288,7 +289,7 @@ func TestGateway_AnthropicRoutesAnswerAnthropicErrors(t *testing.T) {
 	resp, b := e.do("GET", "/v1/messages", "", key)
 	wantAnthropicError(t, resp, b, 405, "invalid_request_error")
 
-	e.models.admit = func(context.Context, Admission) (*Ticket, error) {
+	e.models.admit = func(context.Context, lease.Request) (*Ticket, error) {
 		return nil, &Refusal{Code: "queue_full", Message: "queue full", RetryAfter: time.Second}
 	}
 	resp, b = e.do("POST", "/v1/messages", `{"model":"m1"}`, key)

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/request"
 )
 
@@ -98,7 +99,7 @@ func callOf(ctx context.Context) *call { return ctx.Value(callKey{}).(*call) }
 // forward reads the body, finds the model (from the body when fromBody),
 // asks Models for a slot and proxies the request to path on the engine.
 func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
-	if c.g.rules.refused(r.Method, path) {
+	if c.g.rules.Refused(r.Method, path) {
 		c.fail(http.StatusForbidden, "engine_control_refused",
 			"engine control endpoint "+path+" is reserved for napd and the operator")
 		return
@@ -168,7 +169,7 @@ func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key str
 		defer c.scope.release()
 	}
 	c.kind = kindOf(c.path)
-	a := Admission{
+	a := lease.Request{
 		Model:          c.model,
 		Client:         c.client,
 		Kind:           c.kind,
@@ -409,7 +410,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 func (b *bodyReader) done() { _ = b.rc.SetReadDeadline(time.Time{}) }
 
 // admit asks Models for a slot and then replays or proxies.
-func (c *call) admit(ctx context.Context, r *http.Request, up upload, a Admission) {
+func (c *call) admit(ctx context.Context, r *http.Request, up upload, a lease.Request) {
 	asked := c.g.now()
 	var t *Ticket
 	var err error
@@ -514,7 +515,7 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 			// Not the deadline nor the client: the engine stopped.
 			c.fault = FaultCut
 		}
-		out := Outcome{Cancelled: !complete, Fault: c.fault}
+		out := Outcome{Outcome: lease.Outcome{Cancelled: !complete}, Fault: c.fault}
 		if complete && capture {
 			out.Response = c.w.stored()
 		}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // fakeModels is a Models for tests: two models ("m1" with alias "a1", and
@@ -24,12 +26,12 @@ type fakeModels struct {
 	transport http.RoundTripper
 
 	mu         sync.Mutex
-	admissions []Admission
+	admissions []lease.Request
 	depth      int
 	wake       time.Duration
 	served     string // the tickets' ServedName
 	// admit, when set, replaces the default (a ticket to target).
-	admit func(ctx context.Context, a Admission) (*Ticket, error)
+	admit func(ctx context.Context, a lease.Request) (*Ticket, error)
 	// forget keeps no admissions: a benchmark's would grow without bound.
 	forget bool
 
@@ -68,7 +70,7 @@ func (f *fakeModels) QueueDepth(string) int {
 	return f.depth
 }
 
-func (f *fakeModels) Admit(ctx context.Context, a Admission) (*Ticket, error) {
+func (f *fakeModels) Admit(ctx context.Context, a lease.Request) (*Ticket, error) {
 	f.mu.Lock()
 	if !f.forget {
 		f.admissions = append(f.admissions, a)
@@ -103,10 +105,10 @@ func (f *fakeModels) ticket(wake time.Duration) *Ticket {
 	}
 }
 
-func (f *fakeModels) admitted() []Admission {
+func (f *fakeModels) admitted() []lease.Request {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]Admission(nil), f.admissions...)
+	return append([]lease.Request(nil), f.admissions...)
 }
 
 // outcome waits for the next Done.

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // frozenListener is a port whose accept queue is full and never drained,
@@ -193,7 +195,7 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 	{
 		rt := e.models.transport
 		var reroutes atomic.Int32
-		e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+		e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
 			t := e.models.ticket(0)
 			t.Target = deadURL
 			t.Reroute = func(ctx context.Context) (*Ticket, error) {
@@ -225,7 +227,7 @@ func TestGateway_RefusedRequestIsRerouted(t *testing.T) {
 	}
 
 	// The model cannot take it back: its refusal is the answer.
-	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+	e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
 		t := e.models.ticket(0)
 		t.Target = deadURL
 		t.Reroute = func(ctx context.Context) (*Ticket, error) {

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/request"
 )
 
@@ -34,7 +35,7 @@ type Options struct {
 	// API and the status page), to admin keys only or, without APIKeys, to
 	// loopback clients only.
 	Admin http.Handler
-	// UpstreamDeny adds entries to DefaultUpstreamDeny and UpstreamAllow
+	// UpstreamDeny adds entries to pathrule.DefaultDeny and UpstreamAllow
 	// exempts entries from it (see docs/security.md): an engine path both
 	// lists refuse gets 403 on every route that forwards to an engine.
 	UpstreamDeny, UpstreamAllow []string
@@ -128,7 +129,7 @@ type Gateway struct {
 	proxy   *httputil.ReverseProxy
 	routes  map[string]Route // by path
 	origins map[string]bool  // CORSOrigins
-	rules   pathRules
+	rules   pathrule.Rules
 	// spooled, when set (by tests), learns how much of each form's head
 	// was held in memory and on disk.
 	spooled func(inMemory int, onDisk int64)
@@ -149,7 +150,7 @@ func New(opts Options, models Models) *Gateway {
 	if g.opts.BodyTimeout <= 0 {
 		g.opts.BodyTimeout = DefaultBodyTimeout
 	}
-	g.rules = newPathRules(opts.UpstreamDeny, opts.UpstreamAllow)
+	g.rules = pathrule.New(opts.UpstreamDeny, opts.UpstreamAllow)
 	g.created = g.now().Unix()
 	g.proxy = g.newProxy()
 	g.routes = make(map[string]Route, len(opts.Routes))

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/request"
 )
 
@@ -50,7 +51,7 @@ func TestGateway_ForwardsBodyByteForByte(t *testing.T) {
 	if s[0].header.Get("X-Custom") != "v" || s[0].header.Get("X-Forwarded-For") == "" {
 		t.Errorf("engine headers %v", s[0].header)
 	}
-	want := Admission{Model: "m1", Kind: request.Chat}
+	want := lease.Request{Model: "m1", Kind: request.Chat}
 	if a := e.models.admitted(); len(a) != 1 || a[0] != want {
 		t.Errorf("admissions %+v, want %+v", a, want)
 	}
@@ -67,12 +68,12 @@ func TestGateway_KindAndStreamFromRequest(t *testing.T) {
 	e := newEnv(t, eng.ServeHTTP, Options{})
 	cases := []struct {
 		path, body string
-		want       Admission
+		want       lease.Request
 	}{
-		{"/v1/chat/completions", `{"model":"m1","stream":true}`, Admission{Model: "m1", Kind: request.Chat, Stream: true}},
-		{"/v1/completions", `{"model":"m2"}`, Admission{Model: "m2", Kind: request.Completion}},
-		{"/v1/embeddings", `{"model":"a1","stream":false}`, Admission{Model: "m1", Kind: request.Embedding}},
-		{"/v1/audio/speech", `{"model":"m1"}`, Admission{Model: "m1", Kind: request.Other}},
+		{"/v1/chat/completions", `{"model":"m1","stream":true}`, lease.Request{Model: "m1", Kind: request.Chat, Stream: true}},
+		{"/v1/completions", `{"model":"m2"}`, lease.Request{Model: "m2", Kind: request.Completion}},
+		{"/v1/embeddings", `{"model":"a1","stream":false}`, lease.Request{Model: "m1", Kind: request.Embedding}},
+		{"/v1/audio/speech", `{"model":"m1"}`, lease.Request{Model: "m1", Kind: request.Other}},
 	}
 	for _, c := range cases {
 		resp, b := e.do("POST", c.path, c.body, map[string]string{HeaderIdempotencyKey: "k-" + c.path})
@@ -144,7 +145,7 @@ func TestGateway_ClientErrors(t *testing.T) {
 
 func TestGateway_RefusalAnswersItsStatusWithRetryAfter(t *testing.T) {
 	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{})
-	e.models.admit = func(context.Context, Admission) (*Ticket, error) {
+	e.models.admit = func(context.Context, lease.Request) (*Ticket, error) {
 		return nil, &Refusal{Code: "model_failed", Message: "m1 failed: exit status 1 after 3 attempts", RetryAfter: 1500 * time.Millisecond}
 	}
 	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
@@ -159,7 +160,7 @@ func TestGateway_RefusalAnswersItsStatusWithRetryAfter(t *testing.T) {
 		t.Errorf("X-Queue-Depth %q", resp.Header.Get(HeaderQueueDepth))
 	}
 
-	e.models.admit = func(context.Context, Admission) (*Ticket, error) {
+	e.models.admit = func(context.Context, lease.Request) (*Ticket, error) {
 		return nil, &Refusal{Status: 429, Code: "too_many", Message: "slow down"}
 	}
 	resp, b = e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)
@@ -170,8 +171,8 @@ func TestGateway_RefusalAnswersItsStatusWithRetryAfter(t *testing.T) {
 }
 
 // blockingAdmit waits until its context ends and reports why.
-func blockingAdmit(reason chan<- error) func(ctx context.Context, a Admission) (*Ticket, error) {
-	return func(ctx context.Context, _ Admission) (*Ticket, error) {
+func blockingAdmit(reason chan<- error) func(ctx context.Context, a lease.Request) (*Ticket, error) {
+	return func(ctx context.Context, _ lease.Request) (*Ticket, error) {
 		<-ctx.Done()
 		reason <- ctx.Err()
 		return nil, ctx.Err()
@@ -485,9 +486,9 @@ func TestGateway_OversizedIdempotentResponseIsNotStored(t *testing.T) {
 func TestGateway_ReplayIsWrittenWithoutTheEngine(t *testing.T) {
 	eng := &okEngine{}
 	e := newEnv(t, eng.ServeHTTP, Options{})
-	stored := &StoredResponse{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Engine": {"earlier"}}, Body: []byte(`{"id":"r1"}`)}
+	stored := &lease.Stored{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Engine": {"earlier"}}, Body: []byte(`{"id":"r1"}`)}
 	doneCalls := make(chan Outcome, 2)
-	e.models.admit = func(context.Context, Admission) (*Ticket, error) {
+	e.models.admit = func(context.Context, lease.Request) (*Ticket, error) {
 		return &Ticket{Replay: stored, Done: func(o Outcome) { doneCalls <- o }}, nil
 	}
 	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, map[string]string{HeaderIdempotencyKey: "abc"})
@@ -519,7 +520,7 @@ func TestGateway_UpstreamPassesMethodPathAndQuery(t *testing.T) {
 	if s.method != "PUT" || s.path != "/some/deep/path" || s.query != "x=1&y=two" || string(s.body) != "raw body, not JSON" {
 		t.Errorf("engine saw %s %s?%s %q", s.method, s.path, s.query, s.body)
 	}
-	if a := e.models.admitted()[0]; a != (Admission{Model: "m1", Kind: request.Other}) {
+	if a := e.models.admitted()[0]; a != (lease.Request{Model: "m1", Kind: request.Other}) {
 		t.Errorf("admission %+v", a)
 	}
 	e.models.outcome()
@@ -562,7 +563,7 @@ func TestGateway_ModelHandlerRoutesEverythingToItsModel(t *testing.T) {
 		}
 	}
 	a := e.models.admitted()
-	want := []Admission{{Model: "m2", Kind: request.Chat, Stream: true}, {Model: "m2", Kind: request.Other}, {Model: "m2", Kind: request.Other}}
+	want := []lease.Request{{Model: "m2", Kind: request.Chat, Stream: true}, {Model: "m2", Kind: request.Other}, {Model: "m2", Kind: request.Other}}
 	if !reflect.DeepEqual(a, want) {
 		t.Errorf("admissions %+v, want %+v", a, want)
 	}

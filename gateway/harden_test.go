@@ -65,44 +65,6 @@ func TestGateway_EngineControlPathsAreRefused(t *testing.T) {
 	}
 }
 
-func TestPathRules(t *testing.T) {
-	for _, bad := range []string{"sleep", "post /sleep", "POST sleep", ""} {
-		if ParsePathRule(bad) == nil {
-			t.Errorf("ParsePathRule(%q) accepted", bad)
-		}
-	}
-	for _, good := range append([]string{"*", "GET /x/*", "/a*b*c"}, DefaultUpstreamDeny...) {
-		if err := ParsePathRule(good); err != nil {
-			t.Errorf("ParsePathRule(%q): %v", good, err)
-		}
-	}
-	r := newPathRules(nil, []string{"*"})
-	if r.refused("POST", "/sleep") {
-		t.Error(`upstream_allow = ["*"] still refuses /sleep`)
-	}
-	// An entry without wildcards names its method, or any; two entries of
-	// one path, each its own.
-	r = newPathRules([]string{"GET /x", "PUT /x", "/y?"}, []string{"GET /sleep"})
-	for _, c := range []struct {
-		method, path string
-		refused      bool
-	}{
-		{"GET", "/x", true}, {"PUT", "/x", true}, {"POST", "/x", false},
-		{"POST", "/props", true}, {"GET", "/props", false},
-		{"GET", "/sleep", false}, {"POST", "/sleep", true},
-		{"GET", "/yz", true}, {"GET", "/y", false},
-	} {
-		if got := r.refused(c.method, c.path); got != c.refused {
-			t.Errorf("%s %s refused: %v, want %v", c.method, c.path, got, c.refused)
-		}
-	}
-	// A long path costs linear time, never a blow-up over the stars.
-	long := "/" + strings.Repeat("weights", 20000) + "x"
-	if newPathRules(nil, nil).refused("GET", long) {
-		t.Error("long path refused")
-	}
-}
-
 func TestGateway_RequestTimeoutThatRoundsToZeroIs400(t *testing.T) {
 	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{})
 	for _, v := range []string{"1e-10", "0.0000001e-3", "0.0000000001", "0.1ns", "1e-400"} {

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // TestGateway_ModelHealth: GET /health/models/NAME is 200 for a model that
@@ -84,7 +86,7 @@ func TestGateway_ModelHealthNeedsAKey(t *testing.T) {
 // Retry-After, so a balancer knows the refusal is napd's and retryable.
 func TestGateway_RefusalWithoutRetryAfterGetsOne(t *testing.T) {
 	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{})
-	e.models.admit = func(context.Context, Admission) (*Ticket, error) {
+	e.models.admit = func(context.Context, lease.Request) (*Ticket, error) {
 		return nil, &Refusal{Code: "queue_full", Message: "full"}
 	}
 	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"m1"}`, nil)

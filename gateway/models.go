@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/napd/napd/request"
+	"github.com/napd/napd/agent/lease"
 )
 
 // Models is what the gateway asks of napd's model layer. The agent implements
@@ -23,24 +23,9 @@ type Models interface {
 	// ctx.Err() (the deadline ran out or the client left). A request whose
 	// idempotency key is already in flight (same client) waits for that one
 	// and gets its Replay; if that one was cancelled, this one runs.
-	Admit(ctx context.Context, a Admission) (*Ticket, error)
+	Admit(ctx context.Context, a lease.Request) (*Ticket, error)
 	// QueueDepth is the number of requests waiting for a slot on model.
 	QueueDepth(model string) int
-}
-
-// Admission describes a request asking for a slot. It carries no body,
-// prompt or credential.
-type Admission struct {
-	Model          string
-	Client         string // the API key's name, or "" when keys are off
-	Kind           request.Kind
-	Stream         bool
-	IdempotencyKey string // "" when none
-	// Fingerprint, set with IdempotencyKey, hashes the method, path,
-	// query, model and body: the same key with another fingerprint is
-	// another request, refused (422), never answered with the first one's
-	// response.
-	Fingerprint string
 }
 
 // Ticket is an admitted request. Exactly one of these holds:
@@ -59,7 +44,7 @@ type Ticket struct {
 	// WakeWait is how long this request waited for a wake (0 when none).
 	WakeWait time.Duration
 	// Replay is a stored response for a finished request with the same key.
-	Replay *StoredResponse
+	Replay *lease.Stored
 	// Done releases the lease. It must be called exactly once.
 	Done func(Outcome)
 	// Reroute, when set, takes back a request that never reached the
@@ -71,23 +56,14 @@ type Ticket struct {
 	Reroute func(ctx context.Context) (*Ticket, error)
 }
 
-// Outcome is how an admitted request ended.
+// Outcome is how an admitted request ended: what its lease records
+// (Cancelled: the client left or the deadline ran out before the response
+// was complete, so it is not remembered; Response: the complete response
+// to remember for idempotent replays, nil when there is no key or it was
+// too large), and what went wrong on the engine's side, if anything.
 type Outcome struct {
-	// Cancelled: the client left or the deadline ran out before the
-	// response was complete. A cancelled request is not remembered.
-	Cancelled bool
-	// Response is the complete response to remember for idempotent
-	// replays; nil when there is no key or the response was too large.
-	Response *StoredResponse
-	// Fault is what went wrong on the engine's side, if anything.
+	lease.Outcome
 	Fault Fault
-}
-
-// StoredResponse is a finished response kept in memory for replays.
-type StoredResponse struct {
-	Status int
-	Header http.Header
-	Body   []byte
 }
 
 // ModelInfo is one entry of GET /v1/models.

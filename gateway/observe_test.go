@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/internal/fakeclock"
 	"github.com/napd/napd/request"
 )
@@ -35,7 +36,7 @@ func TestGateway_ObserveTimingsAndUsage(t *testing.T) {
 		fmt.Fprint(w, `{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}`)
 	}
 	e := newEnv(t, engine, Options{Now: clock.Now})
-	e.models.admit = func(_ context.Context, a Admission) (*Ticket, error) {
+	e.models.admit = func(_ context.Context, a lease.Request) (*Ticket, error) {
 		clock.Advance(2 * time.Second) // 1.5s for a wake, then 0.5s for a slot
 		return e.models.ticket(1500 * time.Millisecond), nil
 	}

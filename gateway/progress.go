@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // Progress is implemented by Models that offer wake progress: for a model
@@ -27,7 +29,7 @@ const (
 // admitWithProgress is Admit for a streaming request to a model with wake
 // progress: while Admit waits, it commits the stream early and sends
 // comments. Admit runs on its own goroutine; its result is always awaited.
-func (c *call) admitWithProgress(ctx context.Context, p Progress, a Admission) (*Ticket, error) {
+func (c *call) admitWithProgress(ctx context.Context, p Progress, a lease.Request) (*Ticket, error) {
 	type result struct {
 		t   *Ticket
 		err error

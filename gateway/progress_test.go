@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // progressModels offers wake progress for m1 only.
@@ -21,7 +23,7 @@ func progressEnv(t *testing.T, engine http.HandlerFunc, answer func(*fakeModels)
 	t.Helper()
 	e := newEnv(t, engine, Options{})
 	release = make(chan struct{})
-	e.models.admit = func(ctx context.Context, a Admission) (*Ticket, error) {
+	e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
 		select {
 		case <-release:
 		case <-ctx.Done():

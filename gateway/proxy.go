@@ -14,6 +14,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/napd/napd/agent/lease"
 )
 
 // maxStored bounds a response captured for idempotent replays; a larger
@@ -460,11 +462,11 @@ func (w *recorder) FlushError() error {
 // stored is the captured response, or nil when it was too large or is
 // not a success: only a complete 2xx is worth replaying, a retry of a
 // failure must run again.
-func (w *recorder) stored() *StoredResponse {
+func (w *recorder) stored() *lease.Stored {
 	if w.overflow || w.status < 200 || w.status > 299 {
 		return nil
 	}
-	return &StoredResponse{Status: w.status, Header: w.header, Body: w.body}
+	return &lease.Stored{Status: w.status, Header: w.header, Body: w.body}
 }
 
 // perReply are headers that describe one reply, not the response itself:

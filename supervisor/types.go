@@ -13,6 +13,7 @@ package supervisor
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"time"
 )
@@ -127,6 +128,30 @@ type Event struct {
 	State  ProcState
 	Reason string
 	Time   time.Time
+}
+
+// Kind names a backend, as agent.supervisor spells it; KindAuto lets
+// supervisor/backend choose.
+type Kind string
+
+// Backend kinds.
+const (
+	KindAuto    Kind = "auto"    // systemd when it answers on D-Bus, else exec
+	KindSystemd Kind = "systemd" // transient units over D-Bus (supervisor/systemd)
+	KindExec    Kind = "exec"    // child process groups of napd (supervisor/process)
+)
+
+// OpenOptions are what a backend needs to open (supervisor/backend.Open).
+type OpenOptions struct {
+	// StateDir is napd's state directory: the exec backend keeps its
+	// engines' logs and records under it.
+	StateDir string
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// ContainerRuntimes are the container runtimes the config's models
+	// use (name -> executable): their containers of napd's are swept at
+	// start (supervisor/container).
+	ContainerRuntimes map[string]string
 }
 
 // Backend runs engine processes. Implementations: exec (process groups) and

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/sleepmode"
 )
 
@@ -42,6 +43,40 @@ func TestParse_EmptyFileIsDefaults(t *testing.T) {
 	want.shown = cfg.shown // what Show prints: TestShow
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("got %+v\nwant %+v", cfg, want)
+	}
+}
+
+// The keys of removed mechanisms (agent.cpus, agent.heap_floor) still
+// load, for one release, with a warning naming file, line and key and
+// saying what to do instead; whatever their value, nothing else changes.
+func TestParse_DeprecatedKeysWarn(t *testing.T) {
+	cfg := mustParse(t, "[agent]\nlog_level = \"debug\"\ncpus = 3\n\nheap_floor = \"64MiB\"\n")
+	if cfg.Agent.LogLevel != "debug" {
+		t.Errorf("log_level = %q: the table's other keys were lost", cfg.Agent.LogLevel)
+	}
+	want := []struct {
+		line     int
+		key, fix string
+	}{{3, "agent.cpus", "Environment=GOMAXPROCS="}, {5, "agent.heap_floor", "Environment=GOGC="}}
+	if len(cfg.Warnings) != len(want) {
+		t.Fatalf("warnings %v, want %d", cfg.Warnings, len(want))
+	}
+	for i, w := range want {
+		p := cfg.Warnings[i]
+		if p.File != "test.toml" || p.Line != w.line || p.Key != w.key || !strings.Contains(p.Message, "deprecated") || !strings.Contains(p.Message, w.fix) {
+			t.Errorf("warning %d = %q, want test.toml:%d: %s: deprecated … %s", i, p.String(), w.line, w.key, w.fix)
+		}
+	}
+	for _, src := range []string{"[agent]\ncpus = -1\n", "[agent]\nheap_floor = 32\n"} {
+		if cfg := mustParse(t, src); len(cfg.Warnings) != 1 {
+			t.Errorf("%q: warnings %v, want one", src, cfg.Warnings)
+		}
+	}
+	if cfg := mustParse(t, "[agent]\nlog_level = \"info\"\n"); cfg.Warnings != nil {
+		t.Errorf("a file without deprecated keys warns: %v", cfg.Warnings)
+	}
+	if ps := problems(t, "[gateway]\ncpus = 2\n"); len(ps) != 1 || ps[0].Key != "gateway.cpus" || !strings.Contains(ps[0].Message, "unknown key") {
+		t.Errorf("cpus outside [agent]: %v, want an unknown key", ps)
 	}
 }
 
@@ -123,10 +158,6 @@ func TestParse_Errors(t *testing.T) {
 		{"relative path", "[agent]\nstate_dir = \"var/lib/napd\"\n", 2, "agent.state_dir", "not an absolute path"},
 		{"bad listen", "[agent]\nmetrics_listen = \"9464\"\n", 2, "agent.metrics_listen", "want HOST:PORT"},
 		{"bad agent check listen", "[agent]\nhaproxy_agent_listen = \"host\"\n", 2, "agent.haproxy_agent_listen", "want HOST:PORT"},
-		{"negative cpus", "[agent]\ncpus = -1\n", 2, "agent.cpus", "out of range"},
-		{"cpus not a number", "[agent]\ncpus = \"all\"\n", 2, "agent.cpus", "an integer"},
-		{"heap_floor over the limit", "[agent]\nheap_floor = \"2GiB\"\n", 2, "agent.heap_floor", "most allowed"},
-		{"heap_floor not a size", "[agent]\nheap_floor = 32\n", 2, "agent.heap_floor", "size string"},
 		{"bad events address", "[agent]\nevents_address = \"/run/x.sock\"\n", 2, "agent.events_address", "bad ZeroMQ address"},
 		{"bad health path", "[models.a]\n" + minimal + "health = \"health\"\n", 3, "models.a.health", "starting with /"},
 		{"bad unit name", "[models.a]\nunit = \"vllm\"\nport = 1\n", 2, "models.a.unit", "not a systemd service name"},
@@ -303,7 +334,7 @@ port = 8102
 		GPUs: []int{0, 1}, GPUMemory: 3 << 29, MaxConcurrency: 4, Queue: 0, Pinned: true,
 		Environment: map[string]string{"VLLM_SERVER_DEV_MODE": "1"}, Listen: "127.0.0.1:18101", ServedName: "Qwen/Qwen3-8B-AWQ",
 		Transport: TransportHTTP, WorkingDirectory: "/srv", User: "napd", StopTimeout: 5 * time.Second,
-		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: ArrivalRefuse,
+		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: lifecycle.ArrivalRefuse,
 		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
 		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,

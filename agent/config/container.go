@@ -3,7 +3,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
+	"slices"
 	"strings"
 )
 
@@ -172,4 +174,33 @@ func findRuntime(choice string) (name, path string, err error) {
 		}
 	}
 	return "", "", errors.New(`a container needs podman or docker (agent.container_runtime = "auto"), and neither is on PATH`)
+}
+
+// ContainerRuntimes are the runtimes the models with an image use, with
+// their executables.
+func (c *Config) ContainerRuntimes() map[string]string {
+	out := map[string]string{}
+	for _, m := range c.Models {
+		if m.Image != "" {
+			out[m.ContainerRuntime] = m.ContainerProgram
+		}
+	}
+	return out
+}
+
+// CheckNotes says what `napd --check` found beyond the file: the container
+// runtime each model with an image uses.
+func (c *Config) CheckNotes() []string {
+	users := map[string][]string{}
+	for _, m := range c.Models {
+		if m.Image != "" {
+			key := m.ContainerRuntime + " (" + m.ContainerProgram + ")"
+			users[key] = append(users[key], m.Name)
+		}
+	}
+	var notes []string
+	for _, rt := range slices.Sorted(maps.Keys(users)) {
+		notes = append(notes, fmt.Sprintf("container runtime %s for %s", rt, strings.Join(users[rt], ", ")))
+	}
+	return notes
 }

@@ -130,3 +130,19 @@ func TestParse_ContainerPortZero(t *testing.T) {
 		t.Errorf("host network, port 0, no ${PORT}: %v", errs)
 	}
 }
+
+func TestCheckNotes(t *testing.T) {
+	cfg := &Config{Models: []*Model{
+		{Name: "a", Image: "x", ContainerRuntime: "podman", ContainerProgram: "/usr/bin/podman"},
+		{Name: "b", Command: []string{"engine"}},
+		{Name: "c", Image: "y", ContainerRuntime: "podman", ContainerProgram: "/usr/bin/podman"},
+		{Name: "d", Image: "z", ContainerRuntime: "docker", ContainerProgram: "/usr/bin/docker"},
+	}}
+	want := []string{"container runtime docker (/usr/bin/docker) for d", "container runtime podman (/usr/bin/podman) for a, c"}
+	if got := cfg.CheckNotes(); !slices.Equal(got, want) {
+		t.Errorf("got %q", got)
+	}
+	if got := (&Config{}).CheckNotes(); got != nil {
+		t.Errorf("no containers: %q", got)
+	}
+}

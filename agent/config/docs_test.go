@@ -54,6 +54,34 @@ func TestDocs_EveryKeyDocumented(t *testing.T) {
 	}
 }
 
+// TestDocs_DeprecatedKeysSaySo: each key napd accepts only to warn about
+// is described as deprecated where an operator looks it up, and the
+// shipped napd.toml no longer sets it.
+func TestDocs_DeprecatedKeysSaySo(t *testing.T) {
+	read := func(rel string) string {
+		b, err := os.ReadFile(filepath.Join("..", "..", rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.ReplaceAll(string(b), `\-`, "-")
+	}
+	files := map[string]string{}
+	for _, f := range []string{"docs/config.md", "etc/napd/napd.toml", "packaging/man/napd.toml.5", "CHANGELOG.md"} {
+		files[f] = read(f)
+	}
+	for key := range deprecatedKeys {
+		_, name, _ := strings.Cut(key, ".")
+		for f, text := range files {
+			if !regexp.MustCompile(`(?s)` + regexp.QuoteMeta(name) + `.{0,300}deprecated|deprecated.{0,300}` + regexp.QuoteMeta(name)).MatchString(text) {
+				t.Errorf("%s does not say that %s is deprecated", f, key)
+			}
+		}
+		if regexp.MustCompile(`(?m)^#?` + regexp.QuoteMeta(name) + ` = `).MatchString(files["etc/napd/napd.toml"]) {
+			t.Errorf("etc/napd/napd.toml still shows %s", key)
+		}
+	}
+}
+
 func keysOf(schema map[string]setter) []string {
 	keys := make([]string, 0, len(schema))
 	for k := range schema {

@@ -14,8 +14,10 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/napd/napd/gateway"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/sleepmode"
+	"github.com/napd/napd/supervisor"
 )
 
 // DefaultPath is where napd reads its configuration unless told otherwise.
@@ -31,25 +33,31 @@ const (
 	// sets (LimitNOFILE=65536): each client connection may hold a second
 	// descriptor to its engine, and napctl must still get one.
 	DefaultMaxConnections = 4096
-	// DefaultHeapFloor: a busy napd's heap goal is 32 MiB, not twice its
-	// megabyte of live heap (docs/bench.md); MaxHeapFloor bounds what a
-	// careless setting may let a busy napd's heap grow to.
-	DefaultHeapFloor = 32 << 20
-	MaxHeapFloor     = 1 << 30
 )
+
+// deprecatedKeys are keys napd still accepts, for one release, and ignores:
+// a file that sets one loads with a warning (Config.Warnings) saying what
+// to do instead.
+var deprecatedKeys = map[string]string{
+	"agent.cpus": "deprecated and ignored: napd no longer sets GOMAXPROCS, Go sizes it from the CPUs napd may use " +
+		"(its cgroup's CPU quota counted); remove the key, and if napd must use fewer threads set GOMAXPROCS in " +
+		"napd.service's environment (systemctl edit napd: Environment=GOMAXPROCS=N)",
+	"agent.heap_floor": "deprecated and ignored: napd no longer keeps a heap floor; remove the key, and if napd's " +
+		"garbage collector must run less often set GOGC in napd.service's environment " +
+		"(systemctl edit napd: Environment=GOGC=400)",
+}
 
 // Default returns the configuration of an empty file: every default, no
 // models.
 func Default() *Config {
 	return &Config{
 		Agent: Agent{
-			Supervisor:    SupervisorAuto,
+			Supervisor:    supervisor.KindAuto,
 			StateDir:      "/var/lib/napd",
 			ControlSocket: "/run/napd/control.sock",
 			MetricsListen: "127.0.0.1:9464",
 			LogLevel:      "info",
 			IncludeDir:    DefaultIncludeDir,
-			HeapFloor:     DefaultHeapFloor,
 
 			ContainerRuntime: RuntimeAuto,
 		},
@@ -67,7 +75,7 @@ func Default() *Config {
 		Policy: Policy{
 			IdleTimeout:          15 * time.Minute,
 			DrainTimeout:         30 * time.Second,
-			ArrivalWhileDraining: ArrivalCancelDrain,
+			ArrivalWhileDraining: lifecycle.ArrivalCancelDrain,
 			WakeAttempts:         3,
 			WakeTimeout:          10 * time.Minute,
 			HealthInterval:       10 * time.Second,
@@ -102,14 +110,16 @@ func Parse(path string, data []byte) (*Config, error) {
 // Every value is decoded on its own so that a wrong value does not stop the
 // walk (all problems are reported at once) and so that its line is known.
 type decoder struct {
-	errs   Errors
-	order  map[string]int              // file -> its place in reading order, to sort problems
-	getenv func(string) (string, bool) // ${env:NAME}
-	cfg    *Config                     // the main file's tables, decoded as read
-	tables map[string]*table           // the main file's top-level tables
-	models []*table                    // every file's [models.NAME], in reading order
-	tmpls  map[string]*table           // every file's [templates.NAME]
-	decls  []decl                      // the resolved models
+	errs Errors
+	// warnings are what a valid file is told: the deprecated keys it sets.
+	warnings Errors
+	order    map[string]int              // file -> its place in reading order, to sort problems
+	getenv   func(string) (string, bool) // ${env:NAME}
+	cfg      *Config                     // the main file's tables, decoded as read
+	tables   map[string]*table           // the main file's top-level tables
+	models   []*table                    // every file's [models.NAME], in reading order
+	tmpls    map[string]*table           // every file's [templates.NAME]
+	decls    []decl                      // the resolved models
 }
 
 func newDecoder() *decoder {
@@ -141,6 +151,7 @@ func (d *decoder) finish() (*Config, error) {
 		// reported once.
 		return nil, slices.Compact(d.errs)
 	}
+	d.cfg.Warnings = d.warnings
 	return d.cfg, nil
 }
 
@@ -251,6 +262,10 @@ func (f *file) open(path toml.Key, p toml.Primitive) (*table, bool) {
 // unknown.
 func (d *decoder) fields(t *table, schema map[string]setter) {
 	for name, e := range t.keys {
+		if why, ok := deprecatedKeys[e.path.String()]; ok {
+			d.warnings = append(d.warnings, Problem{File: e.file, Line: e.line, Key: e.path.String(), Message: why})
+			continue
+		}
 		set, ok := schema[name]
 		if !ok {
 			d.addAt(e, unknownKey(name, schema))
@@ -487,7 +502,7 @@ func listenHosts(h string) []string {
 
 func agentSchema(a *Agent) map[string]setter {
 	return map[string]setter{
-		"supervisor":           setEnum(&a.Supervisor, SupervisorAuto, SupervisorSystemd, SupervisorExec),
+		"supervisor":           setEnum(&a.Supervisor, supervisor.KindAuto, supervisor.KindSystemd, supervisor.KindExec),
 		"state_dir":            setString(&a.StateDir, absPath),
 		"control_socket":       setString(&a.ControlSocket, socketPath),
 		"metrics_listen":       setString(&a.MetricsListen, optional(hostPort)),
@@ -495,8 +510,6 @@ func agentSchema(a *Agent) map[string]setter {
 		"haproxy_agent_listen": setString(&a.HAProxyAgentListen, optional(hostPort)),
 		"log_level":            setEnum(&a.LogLevel, "debug", "info", "warn", "error"),
 		"include_dir":          setString(&a.IncludeDir, commandArg),
-		"cpus":                 setInt(&a.CPUs, 0, 1<<12),
-		"heap_floor":           setSizeUpTo(&a.HeapFloor, MaxHeapFloor),
 
 		"container_runtime": setEnum(&a.ContainerRuntime, RuntimeAuto, RuntimePodman, RuntimeDocker),
 	}
@@ -514,8 +527,8 @@ func gatewaySchema(g *Gateway) map[string]setter {
 		"keepalive_timeout": setDuration(&g.KeepaliveTimeout, true),
 		"write_timeout":     setDuration(&g.WriteTimeout, false),
 		"max_connections":   setInt(&g.MaxConnections, 1, 1<<20),
-		"upstream_deny":     setStrings(&g.UpstreamDeny, gateway.ParsePathRule),
-		"upstream_allow":    setStrings(&g.UpstreamAllow, gateway.ParsePathRule),
+		"upstream_deny":     setStrings(&g.UpstreamDeny, pathrule.Check),
+		"upstream_allow":    setStrings(&g.UpstreamAllow, pathrule.Check),
 	}
 }
 
@@ -523,7 +536,7 @@ func policySchema(p *Policy) map[string]setter {
 	return map[string]setter{
 		"idle_timeout":           setDuration(&p.IdleTimeout, true),
 		"drain_timeout":          setDuration(&p.DrainTimeout, false),
-		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, ArrivalCancelDrain, ArrivalRefuse),
+		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, lifecycle.ArrivalCancelDrain, lifecycle.ArrivalRefuse),
 		"wake_attempts":          setInt(&p.WakeAttempts, 1, 100),
 		"wake_timeout":           setDuration(&p.WakeTimeout, false),
 		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),

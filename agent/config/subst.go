@@ -15,10 +15,8 @@ import (
 // kept, and replaced when the engine starts (the port and the GPUs may be
 // chosen then). "$${" is a literal "${". Any other name is an error.
 
-// substituted are the model keys whose strings take substitutions. The
-// container keys (image, volumes) are named before they exist: a key the
-// schema does not know is refused as unknown before it is substituted.
-var substituted = []string{"command", "environment", "volumes", "image"}
+// substituted are the model keys whose strings take substitutions.
+var substituted = []string{"command", "environment", "volumes", "image", "container_args"}
 
 // napd's own variables.
 const (
@@ -128,6 +126,20 @@ func expandAll(command []string, env map[string]string, f func(string) string) (
 func (m *Model) ExpandPort(port int) (command []string, env map[string]string) {
 	p := strconv.Itoa(port)
 	return expandAll(m.Command, m.Environment, func(s string) string { return replace(s, varPort, p, false) })
+}
+
+// ExpandPortIn is ExpandPort for a model's other strings that take
+// substitutions (a container's image, volumes and arguments).
+func ExpandPortIn(ss []string, port int) []string {
+	p := strconv.Itoa(port)
+	out, _ := expandAll(ss, nil, func(s string) string { return replace(s, varPort, p, false) })
+	return out
+}
+
+// ExpandGPUsIn is ExpandGPUs for a model's other strings.
+func ExpandGPUsIn(ss []string, gpus []int) []string {
+	out, _ := ExpandGPUs(ss, nil, gpus)
+	return out
 }
 
 // ExpandGPUs is the last expansion before an engine starts, once its GPUs

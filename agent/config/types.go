@@ -8,37 +8,39 @@
 // config error names the file, the key and the line.
 package config
 
-import "time"
+import (
+	"time"
 
-// Supervisor backends for agent.supervisor.
-const (
-	SupervisorAuto    = "auto"
-	SupervisorSystemd = "systemd"
-	SupervisorExec    = "exec"
+	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/supervisor"
 )
 
-// Policies for policy.arrival_while_draining.
+// The vocabularies of agent.supervisor (supervisor.Kind) and
+// policy.arrival_while_draining (lifecycle.ArrivalPolicy) are their
+// packages'; sleep strategies are sleepmode's.
+
+// Transport is models.NAME.transport: how napd reaches the engine.
+type Transport string
+
+// Transports.
 const (
-	ArrivalCancelDrain = "cancel-drain"
-	ArrivalRefuse      = "refuse"
+	TransportHTTP Transport = "http"
+	TransportZMQ  Transport = "zmq"
 )
 
-// Transports for models.NAME.transport.
-const (
-	TransportHTTP = "http"
-	TransportZMQ  = "zmq"
-)
+// Evidence is models.NAME.evidence: what proves a model idle besides
+// napd's own leases.
+type Evidence string
 
-// Evidence sources for models.NAME.evidence: what proves a model idle
-// besides napd's own leases.
+// Evidence sources.
 const (
 	// EvidenceAuto: the engine's activity metrics when it publishes them,
 	// else the connections to its port.
-	EvidenceAuto        = "auto"
-	EvidenceConnections = "connections"
-	EvidenceMetrics     = "metrics"
+	EvidenceAuto        Evidence = "auto"
+	EvidenceConnections Evidence = "connections"
+	EvidenceMetrics     Evidence = "metrics"
 	// EvidenceLeases: napd's leases only; allow_untracked_unload decides.
-	EvidenceLeases = "leases"
+	EvidenceLeases Evidence = "leases"
 )
 
 // Config is a loaded, validated configuration.
@@ -55,11 +57,15 @@ type Config struct {
 	Models []*Model
 
 	shown []shownTable // for Show and Settings
+	// Warnings are what is wrong with the file but does not stop napd:
+	// deprecated keys it sets, ignored, each with what to do instead.
+	// napd logs them at start and reload; napd --check prints them.
+	Warnings Errors
 }
 
 // Agent is the [agent] table.
 type Agent struct {
-	Supervisor    string // "auto" | "systemd" | "exec"
+	Supervisor    supervisor.Kind
 	StateDir      string
 	ControlSocket string
 	MetricsListen string // "" = off
@@ -70,12 +76,6 @@ type Agent struct {
 	// IncludeDir holds drop-ins read after the main file; relative to the
 	// main file's directory (see Config.DropInDir); "" = none.
 	IncludeDir string
-	// CPUs is how many threads run napd's own Go code at once
-	// (GOMAXPROCS); 0 = auto (see agent.Procs).
-	CPUs int
-	// HeapFloor is the least heap napd lets its garbage collector aim
-	// for while busy (internal/heapfloor), in bytes; 0 = none.
-	HeapFloor int64
 	// ContainerRuntime is the default runtime of container engines:
 	// RuntimeAuto, RuntimePodman or RuntimeDocker.
 	ContainerRuntime string
@@ -90,7 +90,7 @@ type Gateway struct {
 	KeepaliveTimeout time.Duration // 0 = no keep-alive: one request per connection
 	WriteTimeout     time.Duration
 	MaxConnections   int
-	UpstreamDeny     []string // added to gateway.DefaultUpstreamDeny
+	UpstreamDeny     []string // added to pathrule.DefaultDeny
 	UpstreamAllow    []string // exempted from it
 	// Routes are the paths outside /v1 routed by model.
 	Routes      []Route
@@ -121,7 +121,7 @@ func DefaultRoutes() []Route {
 type Policy struct {
 	IdleTimeout          time.Duration // 0 = never unload for idleness
 	DrainTimeout         time.Duration
-	ArrivalWhileDraining string
+	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
 	AllowUntrackedUnload bool
@@ -182,18 +182,18 @@ type Model struct {
 	Environment      map[string]string
 	Listen           string // optional dedicated gateway socket
 	ServedName       string // the name the engine knows the model by; "" = Name
-	Transport        string // "http" | "zmq"
+	Transport        Transport
 	Address          string // ZMQ address when Transport == "zmq"
 	WorkingDirectory string
 	User             string
 	StopTimeout      time.Duration
-	Evidence         string   // one of the Evidence* constants
+	Evidence         Evidence
 	ActivityMetrics  []string // metric names whose sum counts work in flight
 
 	// Effective policy: the model's own value, else [policy]'s.
 	IdleTimeout          time.Duration
 	DrainTimeout         time.Duration
-	ArrivalWhileDraining string
+	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
 	AllowUntrackedUnload bool

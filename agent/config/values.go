@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -147,21 +148,24 @@ func setString(dst *string, check func(string) error) setter {
 	}}
 }
 
-func setEnum(dst *string, allowed ...string) setter {
-	return setString(dst, func(s string) error {
-		for _, a := range allowed {
-			if s == a {
-				return nil
-			}
+func setEnum[T ~string](dst *T, allowed ...T) setter {
+	return setter{get: func() any { return string(*dst) }, set: func(raw any) error {
+		s, ok := raw.(string)
+		if !ok {
+			return wantType("a string", raw)
 		}
-		return fmt.Errorf("unknown value %q (want %s)", s, quoteList(allowed))
-	})
+		if !slices.Contains(allowed, T(s)) {
+			return fmt.Errorf("unknown value %q (want %s)", s, quoteList(allowed))
+		}
+		*dst = T(s)
+		return nil
+	}}
 }
 
-func quoteList(vals []string) string {
+func quoteList[T ~string](vals []T) string {
 	q := make([]string, len(vals))
 	for i, v := range vals {
-		q[i] = strconv.Quote(v)
+		q[i] = strconv.Quote(string(v))
 	}
 	return strings.Join(q, ", ")
 }
@@ -200,20 +204,6 @@ func setSize(dst *int64, zeroOK bool) setter {
 			return errors.New("must be greater than 0")
 		}
 		*dst = n
-		return nil
-	}}
-}
-
-// setSizeUpTo is setSize for a size of 0 to most bytes.
-func setSizeUpTo(dst *int64, most int64) setter {
-	s := setSize(dst, true)
-	return setter{get: s.get, set: func(raw any) error {
-		if err := s.set(raw); err != nil {
-			return err
-		}
-		if *dst > most {
-			return fmt.Errorf("%d bytes is more than the most allowed, %d MiB", *dst, most>>20)
-		}
 		return nil
 	}}
 }

@@ -257,7 +257,7 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 			if s.sse {
 				// One event per message; JSON has no raw newlines, so one
 				// data line carries it.
-				_, err = io.WriteString(w, "event: "+ev.Kind+"\ndata: ")
+				_, err = io.WriteString(w, "event: "+string(ev.Kind)+"\ndata: ")
 			}
 			if err == nil {
 				err = enc.Encode(ev) // ends with the newline the data line needs

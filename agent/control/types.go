@@ -62,12 +62,11 @@ type ModelStatus struct {
 	// GPUBytes is GPU memory held by the engine, per GPU index.
 	GPUBytes map[string]int64 `json:"gpu_memory_bytes,omitempty"`
 	// Footprint is the expected GPU footprint: configured, measured, or
-	// estimated before the first wake (FootprintSource says which:
-	// "gpu_memory", "measured", "estimated"; FootprintFrom what an estimate
-	// was made from).
-	Footprint       int64  `json:"footprint_bytes,omitempty"`
-	FootprintSource string `json:"footprint_source,omitempty"`
-	FootprintFrom   string `json:"footprint_from,omitempty"`
+	// estimated before the first wake (FootprintSource says which;
+	// FootprintFrom what an estimate was made from).
+	Footprint       int64           `json:"footprint_bytes,omitempty"`
+	FootprintSource FootprintSource `json:"footprint_source,omitempty"`
+	FootprintFrom   string          `json:"footprint_from,omitempty"`
 	// GPUs are the GPUs the model runs on or wakes on: its fixed list, or
 	// the set napd chose last (gpus = "any" or { count = N }), with
 	// Placement saying why, with the figures.
@@ -102,13 +101,36 @@ type GPUMemory struct {
 type Event struct {
 	Time   time.Time `json:"time"`
 	Model  string    `json:"model"`
-	Kind   string    `json:"kind"` // "state", "wake", "sleep", "decision", "reload"
+	Kind   EventKind `json:"kind"`
 	From   string    `json:"from,omitempty"`
 	To     string    `json:"to,omitempty"`
 	Reason string    `json:"reason,omitempty"`
 	// WakeMs is the wake's duration on a "wake" event that succeeded.
 	WakeMs int64 `json:"wake_ms,omitempty"`
 }
+
+// FootprintSource is where a model's expected GPU footprint comes from.
+type FootprintSource string
+
+// Footprint sources.
+const (
+	FootprintConfigured FootprintSource = "gpu_memory" // the model's gpu_memory
+	FootprintMeasured   FootprintSource = "measured"   // learned while it was awake
+	FootprintEstimated  FootprintSource = "estimated"  // from its command or files, before its first wake
+)
+
+// EventKind classifies an event; its spelling is the wire's ("kind", and
+// the SSE event name of /napd/v1/events).
+type EventKind string
+
+// Event kinds.
+const (
+	EventState    EventKind = "state"    // a lifecycle state change: From, To, Reason
+	EventWake     EventKind = "wake"     // a wake finished; WakeMs when it succeeded
+	EventSleep    EventKind = "sleep"    // a model was put to sleep, or deeper
+	EventDecision EventKind = "decision" // a planner decision: Reason says it
+	EventReload   EventKind = "reload"   // the config was reloaded (no Model)
+)
 
 // Progress is one line of a wake's progress stream. The last line has Done set.
 type Progress struct {

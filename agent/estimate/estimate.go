@@ -100,15 +100,6 @@ func FromUtilization(argv []string, gpuTotal int64) Estimate {
 	return Estimate{}
 }
 
-// Of is the estimate for a command: vLLM's utilization flag when passed
-// (vLLM takes that share whatever the weights), else the model files.
-func Of(argv []string, gpuTotal int64) Estimate {
-	if e := FromUtilization(argv, gpuTotal); e.Bytes > 0 {
-		return e
-	}
-	return FromFiles(argv)
-}
-
 func appendOnce(xs []string, x string) []string {
 	if slices.Contains(xs, x) {
 		return xs

@@ -73,13 +73,4 @@ func TestFromUtilization(t *testing.T) {
 			t.Errorf("FromUtilization(%q, %d) = %d, want %d", tt.argv, tt.total, got, tt.want)
 		}
 	}
-	// The flag wins over the files: vLLM takes its share whatever the weights.
-	dir := t.TempDir()
-	sparse(t, filepath.Join(dir, "a.safetensors"), 2*GiB)
-	if e := Of([]string{"vllm", "serve", dir, "--gpu-memory-utilization", "0.5"}, 24*GiB); e.Bytes != 12*GiB {
-		t.Errorf("Of = %d (%s), want the utilization's 12 GiB", e.Bytes, e.From)
-	}
-	if e := Of([]string{"vllm", "serve", dir}, 24*GiB); e.Bytes != 2*GiB*6/5+Overhead {
-		t.Errorf("Of = %d (%s), want the files'", e.Bytes, e.From)
-	}
 }

@@ -12,11 +12,14 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/napd/napd/engine/ipcsock"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/engine/ipcsock"
 )
 
 // Kind classifies an event.
@@ -94,6 +97,49 @@ func (p *Publisher) Publish(e Event) error {
 		return fmt.Errorf("publish %s event for %s: %w", e.Kind, e.Model, err)
 	}
 	return nil
+}
+
+// Forward publishes the lifecycle events (state, wake, sleep) that arrive
+// on in until ctx ends, then closes the publisher; planner decisions and
+// reloads are not model lifecycle events and stay off the socket. A
+// failure is logged and the next event sent.
+func (p *Publisher) Forward(ctx context.Context, in <-chan control.Event, log *slog.Logger) {
+	defer p.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-in:
+			ev, ok := FromControl(e)
+			if !ok {
+				continue
+			}
+			if err := p.Publish(ev); err != nil {
+				log.Warn("publishing a lifecycle event", "err", err)
+			}
+		}
+	}
+}
+
+// published are the kinds of napd's events this schema carries, by their
+// kind here.
+var published = map[control.EventKind]Kind{
+	control.EventState: KindState,
+	control.EventWake:  KindWake,
+	control.EventSleep: KindSleep,
+}
+
+// FromControl maps one of napd's events onto this schema; ok is false for
+// events that are not a model's lifecycle (planner decisions, reloads).
+func FromControl(e control.Event) (ev Event, ok bool) {
+	kind, ok := published[e.Kind]
+	if e.Model == "" || !ok {
+		return Event{}, false
+	}
+	return Event{
+		Time: e.Time, Model: e.Model, Kind: kind, From: e.From, To: e.To, Reason: e.Reason,
+		WakeDuration: time.Duration(e.WakeMs) * time.Millisecond,
+	}, true
 }
 
 // Close unbinds the socket.

@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/napd/napd/agent/events"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/napd/napd/agent/events"
 )
 
 func TestPublisher_SubscribersFilterByModel(t *testing.T) {

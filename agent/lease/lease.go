@@ -16,7 +16,7 @@
 //
 //	t := lease.NewTracker(lease.Options{})
 //	t.Register(model, now)               // once per configured model
-//	a, err := t.Begin(now, lease.Request{Model: model, Client: c, Kind: request.Chat, Key: k})
+//	a, err := t.Begin(now, lease.Request{Model: model, Client: c, Kind: request.Chat, IdempotencyKey: k})
 //	switch a.Verdict {
 //	case lease.Started:  // run the request (queue it, wake the model…), then
 //		t.End(now, a.ID, lease.Outcome{Response: resp}) // after the last byte
@@ -55,14 +55,17 @@ type Lease struct {
 	End      time.Time // when End released it; zero while live
 }
 
-// Request describes a request asking for a lease.
+// Request describes a request asking for a lease: what the gateway admits
+// (gateway.Models.Admit). It carries no body, prompt or credential.
 type Request struct {
 	Model  string
-	Client string
+	Client string // the API key's name, or "" when keys are off
 	Kind   request.Kind
 	Stream bool
-	Key    string // idempotency key; "" = never joined or replayed
-	// Fingerprint identifies what Key was used for (the gateway hashes
+	// IdempotencyKey is the client's Idempotency-Key; "" = never joined
+	// or replayed.
+	IdempotencyKey string
+	// Fingerprint identifies what the key was used for (the gateway hashes
 	// method, path, model and body). The same key with another fingerprint
 	// is Conflict, never a join or a replay of someone else's answer.
 	Fingerprint string
@@ -225,8 +228,8 @@ func (t *Tracker) Begin(now time.Time, r Request) (Admission, error) {
 		return Admission{}, fmt.Errorf("lease: begin: unknown model %q", r.Model)
 	}
 	t.store.expire(now)
-	k := storeKey{model: r.Model, client: r.Client, key: r.Key}
-	if r.Key != "" {
+	k := storeKey{model: r.Model, client: r.Client, key: r.IdempotencyKey}
+	if r.IdempotencyKey != "" {
 		if p, ok := t.inflight[k]; ok {
 			if p.fingerprint != r.Fingerprint {
 				return Admission{Verdict: Conflict}, nil
@@ -252,10 +255,10 @@ func (t *Tracker) Begin(now time.Time, r Request) (Admission, error) {
 	}
 	*l = live{lease: Lease{
 		ID: t.last, Model: r.Model, Client: r.Client, Kind: r.Kind,
-		Streamed: r.Stream, Key: r.Key, Start: now,
+		Streamed: r.Stream, Key: r.IdempotencyKey, Start: now,
 	}, fingerprint: r.Fingerprint}
 	t.live[l.lease.ID] = l
-	if r.Key != "" {
+	if r.IdempotencyKey != "" {
 		t.inflight[k] = l
 	}
 	act.active++

@@ -151,7 +151,7 @@ func TestTracker_QueuedAndStreamingHoldLeases(t *testing.T) {
 // remembered, so its retry with the same key runs instead of replaying.
 func TestTracker_MidStreamDisconnect(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	req := Request{Model: "m", Client: "alice", Kind: request.Chat, Stream: true, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Chat, Stream: true, IdempotencyKey: "k1"}
 	a := begin(t, tr, c.advance(time.Second), req)
 	got := end(t, tr, c.advance(time.Second), a.ID, Outcome{Cancelled: true, Response: resp("partial")})
 	if got.Stored || !got.Idle {
@@ -167,7 +167,7 @@ func TestTracker_MidStreamDisconnect(t *testing.T) {
 // first finishes, the joiner asks again and replays its response.
 func TestTracker_JoinedRetry(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	req := Request{Model: "m", Client: "alice", Kind: request.Chat, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Chat, IdempotencyKey: "k1"}
 	first := begin(t, tr, c.advance(time.Second), req)
 	j1 := begin(t, tr, c.advance(time.Second), req)
 	j2 := begin(t, tr, c.now, req)
@@ -199,15 +199,15 @@ func TestTracker_JoinedRetry(t *testing.T) {
 // lease (its joiners' channel, its key, its start) carries over.
 func TestTracker_ReusedRecordStartsClean(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	keyed := Request{Model: "m", Client: "alice", Kind: request.Chat, Key: "k1"}
+	keyed := Request{Model: "m", Client: "alice", Kind: request.Chat, IdempotencyKey: "k1"}
 	first := begin(t, tr, c.advance(time.Second), keyed)
 	j := begin(t, tr, c.now, keyed)
 	end(t, tr, c.advance(time.Second), first.ID, Outcome{Cancelled: true})
 	if !closed(j.Wait) {
 		t.Fatal("joiner not woken by End")
 	}
-	second := begin(t, tr, c.advance(time.Second), Request{Model: "m", Client: "bob", Kind: request.Embedding, Key: "k2"})
-	j2 := begin(t, tr, c.now, Request{Model: "m", Client: "bob", Kind: request.Embedding, Key: "k2"})
+	second := begin(t, tr, c.advance(time.Second), Request{Model: "m", Client: "bob", Kind: request.Embedding, IdempotencyKey: "k2"})
+	j2 := begin(t, tr, c.now, Request{Model: "m", Client: "bob", Kind: request.Embedding, IdempotencyKey: "k2"})
 	if j2.Verdict != Joined || j2.ID != second.ID || closed(j2.Wait) {
 		t.Fatalf("join of the second lease = %+v, want joined to %d and waiting", j2, second.ID)
 	}
@@ -228,7 +228,7 @@ func TestTracker_ReusedRecordStartsClean(t *testing.T) {
 // first joiner to ask again runs; the others join it.
 func TestTracker_JoinerRunsWhenPrimaryCancelled(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	req := Request{Model: "m", Client: "alice", Kind: request.Chat, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Chat, IdempotencyKey: "k1"}
 	first := begin(t, tr, c.advance(time.Second), req)
 	j1 := begin(t, tr, c.now, req)
 	j2 := begin(t, tr, c.now, req)
@@ -247,7 +247,7 @@ func TestTracker_JoinerRunsWhenPrimaryCancelled(t *testing.T) {
 
 func TestTracker_ReplayedRetry(t *testing.T) {
 	tr, c := newTracker(t, Options{MaxAge: time.Minute}, "m", "other")
-	req := Request{Model: "m", Client: "alice", Kind: request.Completion, Key: "k1"}
+	req := Request{Model: "m", Client: "alice", Kind: request.Completion, IdempotencyKey: "k1"}
 	a := begin(t, tr, c.advance(time.Second), req)
 	end(t, tr, c.advance(time.Second), a.ID, Outcome{Response: resp("done")})
 
@@ -256,8 +256,8 @@ func TestTracker_ReplayedRetry(t *testing.T) {
 	}
 	// The key is scoped: another client, another model, or no key runs.
 	for _, r := range []Request{
-		{Model: "m", Client: "bob", Key: "k1"},
-		{Model: "other", Client: "alice", Key: "k1"},
+		{Model: "m", Client: "bob", IdempotencyKey: "k1"},
+		{Model: "other", Client: "alice", IdempotencyKey: "k1"},
 		{Model: "m", Client: "alice"},
 	} {
 		got := begin(t, tr, c.now, r)
@@ -283,14 +283,14 @@ func TestTracker_ReplayedRetry(t *testing.T) {
 func TestTracker_StoreEvictsOldestFirst(t *testing.T) {
 	tr, c := newTracker(t, Options{MaxEntries: 3, MaxBytes: 4096}, "m")
 	finish := func(key string, body []byte) Ended {
-		a := begin(t, tr, c.advance(time.Second), Request{Model: "m", Client: "c", Key: key})
+		a := begin(t, tr, c.advance(time.Second), Request{Model: "m", Client: "c", IdempotencyKey: key})
 		return end(t, tr, c.now, a.ID, Outcome{Response: &Stored{Status: 200, Body: body}})
 	}
 	for _, k := range []string{"a", "b", "c", "d"} {
 		finish(k, []byte(k))
 	}
 	replayed := func(key string) bool {
-		a := begin(t, tr, c.now, Request{Model: "m", Client: "c", Key: key})
+		a := begin(t, tr, c.now, Request{Model: "m", Client: "c", IdempotencyKey: key})
 		if a.Verdict == Started {
 			end(t, tr, c.now, a.ID, Outcome{Cancelled: true})
 		}
@@ -366,7 +366,7 @@ func TestTracker_MillionKeyedRequests(t *testing.T) {
 		r := next()
 		a, err := tr.Begin(now, Request{
 			Model: models[r&1], Client: clients[(r>>1)%16], Kind: request.Chat,
-			Key: keys[(r>>5)%8],
+			IdempotencyKey: keys[(r>>5)%8],
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -420,7 +420,7 @@ func TestTracker_ConcurrentUse(t *testing.T) {
 	for g := range 16 {
 		wg.Go(func() {
 			for i := range 200 {
-				req := Request{Model: "m", Client: "c", Key: []string{"x", "y", ""}[(g+i)%3]}
+				req := Request{Model: "m", Client: "c", IdempotencyKey: []string{"x", "y", ""}[(g+i)%3]}
 				a, err := tr.Begin(now, req)
 				for err == nil && a.Verdict == Joined {
 					<-a.Wait
@@ -447,7 +447,7 @@ func TestTracker_ConcurrentUse(t *testing.T) {
 
 func TestTracker_KeyReusedForAnotherRequestIsConflict(t *testing.T) {
 	tr, c := newTracker(t, Options{}, "m")
-	req := Request{Model: "m", Client: "alice", Key: "k1", Fingerprint: "body-a"}
+	req := Request{Model: "m", Client: "alice", IdempotencyKey: "k1", Fingerprint: "body-a"}
 	other := req
 	other.Fingerprint = "body-b"
 

@@ -245,7 +245,7 @@ func TestMachine_LongStreamOutlivesIdleTimeout(t *testing.T) {
 // becomes idle at once and its retry runs afresh.
 func TestMachine_MidStreamDisconnect(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportServing)
-	req := lease.Request{Client: "alice", Kind: request.Chat, Stream: true, Key: "k"}
+	req := lease.Request{Client: "alice", Kind: request.Chat, Stream: true, IdempotencyKey: "k"}
 	id, _ := b.arrive(req)
 	b.advance(10 * time.Second)
 	b.finish(id, lease.Outcome{Cancelled: true})
@@ -295,7 +295,7 @@ func TestMachine_QueuedWork(t *testing.T) {
 // finishes the retry replays.
 func TestMachine_JoinedAndReplayedRetries(t *testing.T) {
 	b := newBox(t, policy, lifecycle.ReportAsleep)
-	req := lease.Request{Model: model, Client: "alice", Kind: request.Chat, Key: "k"}
+	req := lease.Request{Model: model, Client: "alice", Kind: request.Chat, IdempotencyKey: "k"}
 	id, d := b.arrive(req)
 	wake := want(t, d, lifecycle.StartWake)
 	j, err := b.tr.Begin(b.now, req)

@@ -81,8 +81,8 @@ func (m *Model) ticket(w *waiter, g grant) *gateway.Ticket {
 // Admit takes a lease and waits for a slot; see gateway.Models.Admit. It
 // runs on the request's goroutine: the lease is taken here, and the loop
 // is asked for a slot.
-func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket, error) {
-	req := lease.Request{Model: m.name, Client: a.Client, Kind: a.Kind, Stream: a.Stream, Key: a.IdempotencyKey, Fingerprint: a.Fingerprint}
+func (m *Model) Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, error) {
+	req.Model = m.name
 	var adm lease.Admission
 	var now time.Time
 	for {
@@ -96,7 +96,7 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 			return nil, keyReused()
 		}
 		if adm.Verdict == lease.Replayed {
-			return &gateway.Ticket{Replay: storedToGateway(adm.Response), Done: func(gateway.Outcome) {}}, nil
+			return &gateway.Ticket{Replay: adm.Response, Done: func(gateway.Outcome) {}}, nil
 		}
 		if adm.Verdict == lease.Started {
 			break
@@ -107,10 +107,10 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 			return nil, ctx.Err()
 		}
 	}
-	w := &waiter{m: m, id: adm.ID, client: a.Client, arrived: now}
+	w := &waiter{m: m, id: adm.ID, client: req.Client, arrived: now}
 	w.deadline, _ = ctx.Deadline()
 	if !m.inlineFor(w, arrival) {
-		m.end(w, gateway.Outcome{Cancelled: true})
+		m.end(w, cancelled)
 		return nil, m.removed()
 	}
 	g, err := w.answer, w.answer.err
@@ -118,7 +118,7 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 		g, err = m.await(ctx, w)
 	}
 	if err != nil {
-		m.end(w, gateway.Outcome{Cancelled: true})
+		m.end(w, cancelled)
 		return nil, err
 	}
 	w.first = g.inst
@@ -127,6 +127,9 @@ func (m *Model) Admit(ctx context.Context, a gateway.Admission) (*gateway.Ticket
 		Done: w.Done, Reroute: w.Reroute}
 	return t, nil
 }
+
+// cancelled ends a request that never reached the engine.
+var cancelled = gateway.Outcome{Outcome: lease.Outcome{Cancelled: true}}
 
 // Done ends w's lease, once: its first ticket's Done.
 func (w *waiter) Done(o gateway.Outcome) {
@@ -190,12 +193,8 @@ func (m *Model) reroute(ctx context.Context, w *waiter, inst *instance) (*gatewa
 
 // end releases w's lease and, on the loop, its slot.
 func (m *Model) end(w *waiter, o gateway.Outcome) {
-	out := lease.Outcome{Cancelled: o.Cancelled}
-	if o.Response != nil {
-		out.Response = &lease.Stored{Status: o.Response.Status, Header: o.Response.Header, Body: o.Response.Body}
-	}
 	w.endedAt, w.fault = m.now(), o.Fault
-	ended, _ := m.d.Tracker.End(w.endedAt, w.id, out)
+	ended, _ := m.d.Tracker.End(w.endedAt, w.id, o.Outcome)
 	w.idle = ended.Idle
 	if w.idle && m.d.Idle != nil {
 		m.d.Idle()
@@ -235,13 +234,6 @@ func ending(w *waiter) {
 func keyReused() *gateway.Refusal {
 	return &gateway.Refusal{Status: http.StatusUnprocessableEntity, Code: "idempotency_key_reused",
 		Message: "this Idempotency-Key was used for another request (method, path, model or body differ)"}
-}
-
-func storedToGateway(s *lease.Stored) *gateway.StoredResponse {
-	if s == nil {
-		return nil
-	}
-	return &gateway.StoredResponse{Status: s.Status, Header: s.Header, Body: s.Body}
 }
 
 // ---- on the loop ----

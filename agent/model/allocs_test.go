@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/request"
 	"github.com/napd/napd/supervisor"
@@ -22,7 +23,7 @@ const maxAdmitAllocs = 6
 func TestAdmitAllocs(t *testing.T) {
 	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.MaxConcurrency = 4 })
 	ctx := context.Background()
-	a := gateway.Admission{Model: "m", Kind: request.Chat}
+	a := lease.Request{Model: "m", Kind: request.Chat}
 	round := func() {
 		tk, err := r.m.Admit(ctx, a)
 		if err != nil {
@@ -51,7 +52,7 @@ func TestAdmitAllocs(t *testing.T) {
 func BenchmarkAdmit(b *testing.B) {
 	r := newRig(b, supervisor.Awake, func(c *config.Model) { c.MaxConcurrency = 4 })
 	ctx := context.Background()
-	a := gateway.Admission{Model: "m", Kind: request.Chat}
+	a := lease.Request{Model: "m", Kind: request.Chat}
 	r.sync()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -42,7 +42,7 @@ func (m *Model) apply(d lifecycle.Decision, w *waiter) {
 		m.wakes.Add(lc.LastWake)
 		m.learn()
 		m.d.Metrics.WakeTime.WithLabelValues(m.name).Observe(lc.LastWake.Seconds())
-		m.emit(control.Event{Kind: "wake", Reason: d.Reason, WakeMs: lc.LastWake.Milliseconds()})
+		m.emit(control.Event{Kind: control.EventWake, Reason: d.Reason, WakeMs: lc.LastWake.Milliseconds()})
 		m.dispatch()
 	case lifecycle.RefuseWaiting:
 		m.refuseQueue(refusal(d.Refusal))
@@ -94,6 +94,12 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 			spec.GPUs = gpus // chosen for this wake: CUDA_VISIBLE_DEVICES
 		}
 		spec.Command, spec.Environment = config.ExpandGPUs(spec.Command, spec.Environment, spec.GPUs)
+		if c := spec.Container; c != nil {
+			cc := *c // the spec's, shared with the snapshot: not changed in place
+			cc.Image = config.ExpandGPUsIn([]string{c.Image}, spec.GPUs)[0]
+			cc.Volumes, cc.Args = config.ExpandGPUsIn(c.Volumes, spec.GPUs), config.ExpandGPUsIn(c.Args, spec.GPUs)
+			spec.Container = &cc
+		}
 		ctx, stop := context.WithTimeout(roomCtx, m.cfg.WakeTimeout)
 		defer stop()
 		m.opMu.Lock()
@@ -200,7 +206,7 @@ func (m *Model) sleepDone(op lifecycle.Op, req lifecycle.SleepRequest, strategy 
 		m.slept, m.freed = strategy, m.now()
 		m.eng.retire() // asleep: the next wake makes a new instance
 		m.d.Metrics.Sleeps.WithLabelValues(m.name, sleepLabel(req)).Inc()
-		m.emit(control.Event{Kind: "sleep", Reason: req.Reason.String() + ", strategy " + strategy})
+		m.emit(control.Event{Kind: control.EventSleep, Reason: req.Reason.String() + ", strategy " + strategy})
 	}
 	if draining && m.machine.Snapshot().State != lifecycle.Draining { // the result was this sleep's
 		if err != nil {
@@ -244,7 +250,7 @@ func (m *Model) Deepen(strategy, cause string) {
 				if m.machine.Snapshot().State == lifecycle.Sleeping && m.slept == from {
 					m.slept, m.freed = strategy, m.now()
 					m.d.Metrics.Sleeps.WithLabelValues(m.name, cause).Inc()
-					m.emit(control.Event{Kind: "sleep", Reason: cause + ", strategy " + strategy + " (from " + from + ")"})
+					m.emit(control.Event{Kind: control.EventSleep, Reason: cause + ", strategy " + strategy + " (from " + from + ")"})
 				}
 				m.publish()
 			})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/sleepmode"
@@ -126,7 +127,7 @@ func TestRerouteRefusedWhenTheModelFails(t *testing.T) {
 	if !errors.As(err, &ref) || ref.Status != http.StatusServiceUnavailable {
 		t.Fatalf("reroute of a failed model: %v", err)
 	}
-	tk.Done(gateway.Outcome{Cancelled: true})
+	tk.Done(gateway.Outcome{Outcome: lease.Outcome{Cancelled: true}})
 	r.until("idle", func(s Snapshot) bool { return s.Active == 0 && s.QueueDepth == 0 })
 }
 

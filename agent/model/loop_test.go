@@ -92,7 +92,7 @@ func testConfig(name string) *config.Model {
 		MaxConcurrency: 1, Queue: 1,
 		WakeTimeout: time.Minute, WakeAttempts: 3, DrainTimeout: 30 * time.Second,
 		StopTimeout: time.Second, IdleTimeout: time.Hour,
-		ArrivalWhileDraining: config.ArrivalCancelDrain,
+		ArrivalWhileDraining: lifecycle.ArrivalCancelDrain,
 	}
 }
 
@@ -220,7 +220,7 @@ func (r *rig) noCall() {
 }
 
 // waitEvent waits for an event of kind (and, for "state", To == to).
-func (r *rig) waitEvent(kind, to string) control.Event {
+func (r *rig) waitEvent(kind control.EventKind, to string) control.Event {
 	r.t.Helper()
 	timeout := time.After(within)
 	for {
@@ -254,7 +254,7 @@ func (r *rig) admit(ctx context.Context) *admission {
 	a := &admission{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Kind: request.Chat})
+		a.ticket, a.err = r.m.Admit(ctx, lease.Request{Model: "m", Kind: request.Chat})
 	}()
 	return a
 }
@@ -359,7 +359,7 @@ func TestWakeSingleFlight(t *testing.T) {
 	r.expect(lifecycle.Waking)
 	r.clock.Advance(1500 * time.Millisecond)
 	wake.reply <- nil
-	r.waitEvent("wake", "")
+	r.waitEvent(control.EventWake, "")
 	ended := make(chan *admission, len(waiting))
 	for _, a := range waiting {
 		go func() { <-a.done; ended <- a }()
@@ -430,7 +430,7 @@ func TestDrainThenSleep(t *testing.T) {
 	r := newRig(t, supervisor.Awake, nil)
 	tk := r.granted(r.admit(context.Background()))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	r.noCall() // the request still runs
 	tk.Done(gateway.Outcome{})
 	c := r.next("sleep")
@@ -460,7 +460,7 @@ func TestCancelDrain(t *testing.T) {
 	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.MaxConcurrency = 2 })
 	tk := r.granted(r.admit(context.Background()))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	late := r.granted(r.admit(context.Background()))
 	err := <-slept
 	if err == nil || !strings.Contains(err.Error(), "drain cancelled") {
@@ -478,7 +478,7 @@ func TestDrainAbandoned(t *testing.T) {
 	r := newRig(t, supervisor.Awake, nil)
 	tk := r.granted(r.admit(context.Background()))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	r.clock.Advance(r.cfg.DrainTimeout)
 	r.m.Tick()
 	if err := <-slept; err == nil || !strings.Contains(err.Error(), "drain abandoned") {
@@ -586,7 +586,7 @@ func TestRetire(t *testing.T) {
 	case <-time.After(within):
 		t.Fatal("the removed model's loop did not end")
 	}
-	if _, err := r.m.Admit(context.Background(), gateway.Admission{Model: "m"}); !errors.As(err, &ref) || ref.Code != "model_removed" {
+	if _, err := r.m.Admit(context.Background(), lease.Request{Model: "m"}); !errors.As(err, &ref) || ref.Code != "model_removed" {
 		t.Errorf("admission after removal: %v", err)
 	}
 }
@@ -596,7 +596,7 @@ func (r *rig) admitAs(ctx context.Context, client string) *admission {
 	a := &admission{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.ticket, a.err = r.m.Admit(ctx, gateway.Admission{Model: "m", Client: client, Kind: request.Chat})
+		a.ticket, a.err = r.m.Admit(ctx, lease.Request{Model: "m", Client: client, Kind: request.Chat})
 	}()
 	return a
 }
@@ -893,7 +893,7 @@ func TestRetryAfterLearned(t *testing.T) {
 	const request, wake = 6 * time.Second, 8 * time.Second
 	r := newRig(t, supervisor.Awake, func(c *config.Model) {
 		c.MaxConcurrency, c.Queue = 2, 3
-		c.ArrivalWhileDraining = config.ArrivalRefuse
+		c.ArrivalWhileDraining = lifecycle.ArrivalRefuse
 	})
 	r.expect(lifecycle.Awake)
 	ctx := context.Background()
@@ -945,7 +945,7 @@ func TestRetryAfterLearned(t *testing.T) {
 	// A refusing drain ends with the request in flight: a typical one.
 	tk := r.granted(r.admit(ctx))
 	slept := r.operatorSleep()
-	r.waitEvent("state", "draining")
+	r.waitEvent(control.EventState, "draining")
 	refused(r.admit(ctx), "model_draining", request)
 	tk.Done(gateway.Outcome{})
 	r.next("sleep").reply <- nil

@@ -262,7 +262,7 @@ func PolicyOf(c *config.Model) lifecycle.Policy {
 		DrainTimeout:         c.DrainTimeout,
 		WakeTimeout:          c.WakeTimeout,
 		WakeAttempts:         c.WakeAttempts,
-		ArrivalWhileDraining: lifecycle.ArrivalPolicy(c.ArrivalWhileDraining),
+		ArrivalWhileDraining: c.ArrivalWhileDraining,
 		AllowUntrackedUnload: c.AllowUntrackedUnload,
 		IdleMinimum:          idleMin,
 	}
@@ -569,7 +569,7 @@ func (m *Model) noteState() {
 		attrs = append(attrs, "unit", unit)
 	}
 	m.log.Info("state changed", attrs...)
-	m.emit(control.Event{Kind: "state", From: from, To: after.State.String(), Reason: after.Reason})
+	m.emit(control.Event{Kind: control.EventState, From: from, To: after.State.String(), Reason: after.Reason})
 	if m.d.StatusChanged != nil {
 		m.d.StatusChanged()
 	}

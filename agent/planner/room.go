@@ -71,20 +71,39 @@ type Turn struct {
 	RetryAfter time.Duration
 }
 
-// Holder is a model holding memory a waiter needs, and why it holds it:
-// "busy", "idle" (put to sleep now), "draining", "waking", "yielding",
-// "pinned", "untracked", "sleeping", or "ahead" (memory promised to a
-// waiter ahead in line). Model "" is memory of other processes.
+// Holder is a model holding memory a waiter needs, and why it holds it.
+// Model "" is memory of other processes (Label "").
 type Holder struct {
 	Model string
-	Label string
+	Label Hold
 	Bytes int64
 }
+
+// Hold is why a holder holds memory a waiter needs; its spelling is the
+// word before the holder's name in messages ("busy a (20.0 GiB)").
+type Hold string
+
+// Holds.
+const (
+	HoldBusy      Hold = "busy"      // serving; yields after yield_after
+	HoldIdle      Hold = "idle"      // put to sleep now for the waiter
+	HoldYielding  Hold = "yielding"  // busy and asked to yield now
+	HoldDraining  Hold = "draining"  // going to sleep: its memory is coming back
+	HoldWaking    Hold = "waking"    // loading for its own requests
+	HoldPinned    Hold = "pinned"    // never put to sleep by the planner
+	HoldUntracked Hold = "untracked" // its idleness cannot be proven
+	HoldSleeping  Hold = "sleeping"  // asleep in a strategy that keeps memory
+	HoldAhead     Hold = "ahead"     // promised to a waiter ahead in line
+)
+
+// Freed reports a hold the plan ends for the waiter: the holder is asked
+// to sleep for it (idle now, or yielding).
+func (h Hold) Freed() bool { return h == HoldIdle || h == HoldYielding }
 
 func (h Holder) String() string {
 	name := "other processes"
 	if h.Model != "" {
-		name = h.Label + " " + h.Model
+		name = string(h.Label) + " " + h.Model
 	}
 	return fmt.Sprintf("%s (%s)", name, gib(h.Bytes))
 }
@@ -274,7 +293,7 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 	}
 	for _, d := range r.byLRU {
 		if d.State == lifecycle.Draining && d.shareOn(short) > 0 {
-			holders = append(holders, Holder{d.Name, lifecycle.Draining.String(), d.shareOn(short)})
+			holders = append(holders, Holder{d.Name, HoldDraining, d.shareOn(short)})
 		}
 	}
 	idle := r.choose(m, left, func(c *Model) bool { return c.demandIdle() })
@@ -284,19 +303,19 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		why := fmt.Sprintf("make room for %s (%s), waiting since %s; frees %s",
 			m.Name, gib(m.Footprint), w.Oldest.Format(time.TimeOnly), c.freesOn(short))
 		r.decide(c, ReasonMakeRoom, why)
-		holders = append(holders, Holder{c.Name, "idle", c.shareOn(short)})
+		holders = append(holders, Holder{c.Name, HoldIdle, c.shareOn(short)})
 	}
 	for _, c := range busy {
 		r.taken[c.Name] = true
-		label, at := "busy", r.yieldAt(c, m, w)
+		label, at := HoldBusy, r.yieldAt(c, m, w)
 		switch {
 		case c.State == lifecycle.Waking:
-			label = lifecycle.Waking.String()
+			label = HoldWaking
 		case c.Leases.Active == 0:
 			// Work napd did not admit (the engine says busy): it cannot be
 			// told to yield; its memory comes back when it ends.
 		case !r.in.Now.Before(at):
-			label = "yielding"
+			label = HoldYielding
 			why := fmt.Sprintf("yield to %s, which waited %s for its memory (yield_after %s); frees %s",
 				m.Name, r.in.Now.Sub(w.Oldest).Round(time.Second), c.YieldAfter, c.freesOn(short))
 			r.decide(c, ReasonYield, why)
@@ -310,7 +329,7 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		// loading for them: wait for them to have their turn.
 		for _, o := range r.byLRU {
 			if !r.taken[o.Name] && (r.ahead[o.Name] || (o.State == lifecycle.Waking && !r.waiting[o.Name])) && o.toLoadOn(left) > 0 {
-				holders = append(holders, Holder{o.Name, "ahead", o.toLoadOn(left)})
+				holders = append(holders, Holder{o.Name, HoldAhead, o.toLoadOn(left)})
 			}
 		}
 	}
@@ -406,16 +425,16 @@ func (r *roomPlanner) never(w *Model, need map[int]int64) ([]Holder, string, boo
 }
 
 // fixed labels a model whose memory waiting cannot free; "" if it can.
-func (m *Model) fixed() string {
+func (m *Model) fixed() Hold {
 	switch {
 	case m.pinned():
-		return "pinned"
+		return HoldPinned
 	case m.State == lifecycle.Sleeping:
-		return m.State.String()
+		return HoldSleeping
 	case m.State == lifecycle.Draining, m.State == lifecycle.Waking:
 		return "" // not serving, so not scraped: judged once awake
 	case m.Engine == EngineNone && !m.AllowUntracked:
-		return "untracked"
+		return HoldUntracked
 	}
 	return ""
 }

@@ -73,10 +73,10 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 	}
 	tw.Flush()
 	for _, m := range st.Models {
-		if m.FootprintSource == "estimated" {
+		if m.FootprintSource == control.FootprintEstimated {
 			fmt.Fprintf(w, "%s: footprint %s estimated from %s (until measured)\n", m.Name, bytesStr(m.Footprint), m.FootprintFrom)
 		}
-		if m.SleptWith != "" && m.State == "sleeping" {
+		if m.SleptWith != "" && m.State == lifecycle.Sleeping.String() {
 			fmt.Fprintf(w, "%s: asleep with %s\n", m.Name, m.SleptWith)
 		}
 		if m.Placement != "" {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/napd/napd/agent"
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/supervisor/backend"
 )
 
 // version is set at build time (-ldflags "-X main.version=…").
@@ -85,8 +86,12 @@ func run(o options, stdout, stderr io.Writer) error {
 		return err
 	}
 	if o.check {
+		// Warnings (deprecated keys) do not fail the check: napd starts.
+		for _, w := range cfg.Warnings {
+			fmt.Fprintln(stderr, w.String())
+		}
 		fmt.Fprintf(stdout, "%s: ok (%s)\n", o.configPath, cfg.Summary())
-		for _, note := range agent.CheckNotes(cfg) {
+		for _, note := range cfg.CheckNotes() {
 			fmt.Fprintln(stdout, note)
 		}
 		return nil
@@ -95,5 +100,5 @@ func run(o options, stdout, stderr io.Writer) error {
 	// agent's own.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr, TuneRuntime: true})
+	return agent.Run(ctx, agent.Options{ConfigPath: o.configPath, Version: version, Stderr: stderr, OpenBackend: backend.Open})
 }

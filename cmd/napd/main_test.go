@@ -60,6 +60,29 @@ func TestRun_CheckNamesTheContainerRuntime(t *testing.T) {
 	}
 }
 
+// A deprecated key does not fail the check: its warning names file, line
+// and key and says what to do instead, on stderr; stdout says ok.
+func TestRun_CheckWarnsOfDeprecatedKeys(t *testing.T) {
+	path := writeConfig(t, "[agent]\nheap_floor = \"32MiB\"\ncpus = 2\n\n[models.a]\ncommand = [\"e\", \"${PORT}\"]\n")
+	var stdout, stderr bytes.Buffer
+	if err := run(options{configPath: path, check: true}, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if got, want := stdout.String(), path+": ok (1 models)\n"; got != want {
+		t.Errorf("stdout = %q, want %q", got, want)
+	}
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	want := []string{path + ":2: agent.heap_floor: deprecated and ignored: ", path + ":3: agent.cpus: deprecated and ignored: "}
+	if len(lines) != len(want) {
+		t.Fatalf("stderr has %d lines, want %d:\n%s", len(lines), len(want), stderr.String())
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) || !strings.Contains(lines[i], "Environment=GO") {
+			t.Errorf("line %d = %q, want %q… and what to set instead", i, lines[i], w)
+		}
+	}
+}
+
 func TestRun_CheckPrintsEveryProblem(t *testing.T) {
 	path := writeConfig(t, "[agent]\nsupervisor = \"k8s\"\n\n[models.a]\nsleep = \"x\"\n")
 	var stdout, stderr bytes.Buffer

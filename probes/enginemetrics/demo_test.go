@@ -17,7 +17,7 @@ func TestScraper_DemoFlavors(t *testing.T) {
 	tests := []struct {
 		name   string
 		opts   demoengine.Options
-		engine string
+		engine Engine
 		counts bool
 	}{
 		{"vllm", demoengine.Options{}, EngineVLLM, true},

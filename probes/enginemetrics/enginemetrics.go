@@ -49,21 +49,28 @@ const (
 	TGIQueue           = "tgi_queue_size"
 )
 
-// Engine names in Evidence.Engine.
+// Engine names the adapter whose evidence an Evidence is.
+type Engine string
+
+// Engines.
 const (
-	EngineVLLM     = "vllm"
-	EngineSGLang   = "sglang"
-	EngineLlamaCpp = "llamacpp"
-	EngineTGI      = "tgi"
-	EngineOllama   = "ollama"
+	EngineVLLM     Engine = "vllm"
+	EngineSGLang   Engine = "sglang"
+	EngineLlamaCpp Engine = "llamacpp"
+	EngineTGI      Engine = "tgi"
+	EngineOllama   Engine = "ollama"
 	// EngineCustom: the operator's activity_metrics.
-	EngineCustom = "custom"
+	EngineCustom Engine = "custom"
+	// EngineWorker is never scraped: a ZMQ worker (engine/) serves one
+	// napd session at a time, so napd's leases are its whole work and the
+	// caller vouches for it with Counts and no request beside them.
+	EngineWorker Engine = "worker"
 )
 
 // adapter is one engine's metric names: what counts as running and
 // waiting, and the counters that grow while it works.
 type adapter struct {
-	engine           string
+	engine           Engine
 	running, waiting string
 	progress         []string
 }
@@ -80,7 +87,7 @@ var adapters = []adapter{
 // be asked.
 type Evidence struct {
 	// Engine names the adapter that answered; "" means no evidence.
-	Engine string
+	Engine Engine
 	// Counts is true when Running and Waiting are the engine's own
 	// figures; false for Ollama, which publishes none.
 	Counts  bool

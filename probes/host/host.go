@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package host measures the host's memory: total and available RAM (through
 // gopsutil) and memory pressure stall information from /proc/pressure/memory.
 //

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package sockets reads the kernel's TCP socket table of napd's network
 // namespace and names the processes behind sockets. It answers two
 // questions about an engine's loopback port: which clients outside napd are

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package process is the exec supervisor backend: each engine runs as a
 // child of napd in its own process group, for hosts without systemd (a
 // laptop, a CI box). Stop signals the whole group, an exit is noticed at once
@@ -135,7 +137,7 @@ func New(opts Options) (*Backend, error) {
 }
 
 // Name is "exec".
-func (b *Backend) Name() string { return "exec" }
+func (b *Backend) Name() string { return string(supervisor.KindExec) }
 
 // LogPath is the file that holds model's engine output; rotated copies are
 // LogPath+".1" (newest) up to LogPath+".<keep>".
@@ -295,13 +297,15 @@ func (b *Backend) wait(model string, cmd *exec.Cmd, e *engine, pr *os.File, copi
 		fmt.Fprintf(out, "--- napd: engine %s: %s\n", state, reason)
 	}
 	b.mu.Unlock()
-	close(e.done)
-
+	// Logged before Stop's caller hears of it (done), so that the log
+	// shows the exit before whatever the caller does next (a wake that
+	// took its GPU memory).
 	if state == supervisor.ProcFailed {
 		b.log.Warn("engine exited", "model", model, "pid", e.pid, "status", reason)
 	} else {
 		b.log.Info("engine stopped", "model", model, "pid", e.pid, "status", reason)
 	}
+	close(e.done)
 	b.emit(supervisor.Event{Model: model, State: state, Reason: reason, Time: at})
 }
 

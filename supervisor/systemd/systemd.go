@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package systemd is the supervisor.Backend that runs engines as systemd
 // units over D-Bus: a model with a command runs as the transient unit
 // napd-engine-<model>.service; a model with a unit controls that
@@ -151,7 +153,7 @@ func (b *Backend) loop(ch <-chan *godbus.Signal) {
 }
 
 // Name is "systemd".
-func (b *Backend) Name() string { return "systemd" }
+func (b *Backend) Name() string { return string(supervisor.KindSystemd) }
 
 // Events streams unit state changes of engines; closed by Close.
 func (b *Backend) Events() <-chan supervisor.Event { return b.events }

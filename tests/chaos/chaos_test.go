@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package chaos runs napd under a mix of faults for a bounded time: three
 // models with one-second idle timeouts, clients that disconnect at random,
 // retries with Idempotency-Key, engines SIGKILLed every few seconds or

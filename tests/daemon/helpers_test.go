@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package daemon tests napd as an operator meets it: sd_notify messages on a
 // real NOTIFY_SOCKET, SIGHUP reloads and SIGTERM under load, every napctl
 // command, the Prometheus output, the control socket's mode and what reaches

@@ -174,3 +174,34 @@ func TestReload_RefusedChangesNothing(t *testing.T) {
 		t.Errorf("napd_config_reloads_total{result=invalid} = %v, want 1", v)
 	}
 }
+
+// The keys of removed runtime knobs still load, with a warning in napd's
+// log naming the file, the line and the key and saying what to set
+// instead, at start and again at each reload.
+func TestConfig_DeprecatedKeysWarnAtStartAndReload(t *testing.T) {
+	n := harness.Start(t, harness.Options{Models: demo("keep", ""), LogLevel: "info", Agent: "cpus = 2\nheap_floor = \"64MiB\""})
+	warned := func(log string) int {
+		count := 0
+		for _, want := range []string{`key=agent.cpus`, `key=agent.heap_floor`} {
+			for line := range strings.Lines(log) {
+				if strings.Contains(line, `msg="config key ignored"`) && strings.Contains(line, want) &&
+					strings.Contains(line, "file="+n.Config) && strings.Contains(line, "line=") && strings.Contains(line, "Environment=GO") {
+					count++
+				}
+			}
+		}
+		return count
+	}
+	if got := warned(n.Log()); got != 2 {
+		t.Fatalf("%d warnings at start, want one per key:\n%s", got, n.Log())
+	}
+	mark := len(n.Log())
+	n.Signal(syscall.SIGHUP)
+	n.WaitLog("config reloaded", 10*time.Second)
+	if got := warned(n.Log()[mark:]); got != 2 {
+		t.Errorf("%d warnings at reload, want one per key:\n%s", got, n.Log()[mark:])
+	}
+	if r := post(context.Background(), n, "keep", `{"model":"keep","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`); r.err != nil || r.status != http.StatusOK {
+		t.Errorf("a request: %v", r)
+	}
+}

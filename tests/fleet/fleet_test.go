@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package fleet tests napd behind a real HAProxy started from the example
 // configuration the package ships (docs/examples/haproxy.cfg): two napd
 // "hosts" on two loopback addresses, the same ports on each, with demo

@@ -105,7 +105,7 @@ func TestAdmin_APIByRole(t *testing.T) {
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
 			t.Fatalf("event %q: %v", data, err)
 		}
-		if ev.Kind == "state" {
+		if ev.Kind == control.EventState {
 			seen = append(seen, ev.To)
 		}
 	}

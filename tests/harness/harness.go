@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package harness runs the real napd binary for end-to-end tests: it builds
 // napd, napctl and napd-demo-engine once per test binary, writes a config,
 // starts napd as a process, waits until it serves, and stops it at the end

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/tests/harness"
 )
 
@@ -36,7 +37,7 @@ func TestEstimate_FromFilesAndUtilizationUntilMeasured(t *testing.T) {
 	})
 	requireFakeSMI(t, n)
 	const GiB = 1 << 30
-	if s := statusOf(t, n, "g"); s.FootprintSource != "estimated" || s.Footprint != 13*GiB || !strings.Contains(s.FootprintFrom, "10.0 GiB of .gguf") {
+	if s := statusOf(t, n, "g"); s.FootprintSource != control.FootprintEstimated || s.Footprint != 13*GiB || !strings.Contains(s.FootprintFrom, "10.0 GiB of .gguf") {
 		t.Errorf("g before its wake: %d %s %q", s.Footprint, s.FootprintSource, s.FootprintFrom)
 	}
 	// The utilization estimate needs the GPU's total: the first reading.
@@ -58,7 +59,7 @@ func TestEstimate_FromFilesAndUtilizationUntilMeasured(t *testing.T) {
 		t.Fatalf("g: %d %s", resp.StatusCode, body)
 	}
 	n.WaitLog(`msg="footprint measured" model=g bytes=6442450944 replaces=13958643712`, 20*time.Second)
-	if s := statusOf(t, n, "g"); s.FootprintSource != "measured" || s.Footprint != 6*GiB {
+	if s := statusOf(t, n, "g"); s.FootprintSource != control.FootprintMeasured || s.Footprint != 6*GiB {
 		t.Errorf("g after its wake: %d %s", s.Footprint, s.FootprintSource)
 	}
 	resp, body := post(t, n, ctx, "big", 2)

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package systemd_test runs the systemd backend against a real systemd in a
 // box (tests/systemd/box). The host test boots the box and runs this same
 // test binary inside it with NAPD_IN_BOX=1, which enables the TestInBox_*

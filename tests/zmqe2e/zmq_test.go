@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package zmqe2e runs napd against engine-contract workers over ZMQ: the
 // Go example worker (engine/example) and a libzmq worker in Python, as real
 // processes napd starts, wakes and loses.

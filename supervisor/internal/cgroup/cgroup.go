@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package cgroup is the one cgroup reader of napd's supervisor backends: it
 // finds a process's control group, reads the memory the group uses (cgroup
 // v2 memory.current, v1 memory.usage_in_bytes) and lists a group's
@@ -137,7 +139,8 @@ func (r Reader) Memory(p Paths) (int64, string, error) {
 	return 0, "", fmt.Errorf("cgroup memory: none of %s exists: %w", strings.Join(tried, ", "), fs.ErrNotExist)
 }
 
-// MemoryOfPID returns the memory of the cgroup PID runs in.
+// MemoryOfPID returns the memory of the cgroup PID runs in (a container's
+// engine: the runtime reports its PID, not its group).
 func (r Reader) MemoryOfPID(pid int) (int64, error) {
 	p, err := r.PathsOfPID(pid)
 	if err != nil {

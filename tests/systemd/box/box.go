@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package box boots a throwaway systemd in private namespaces for tests, on
 // machines whose PID 1 is not systemd (docs/systemd.md,
 // ../shared/docs/systemd-box.md). The box runs on a copy-on-write overlay of

@@ -1,4 +1,4 @@
-package agent
+package room
 
 import (
 	"testing"
@@ -12,9 +12,9 @@ import (
 // nothing about it changed, nor while it stays busy (one decision, one log
 // line), but at once when it turned idle: a sleep it declined a moment ago
 // (its last request was still ending) must not keep the waiting request
-// for roomReask.
+// for Reask.
 func TestRoomAsksAgainWhenTheHolderChanged(t *testing.T) {
-	w := &roomWait{acted: make(map[string]asked)}
+	w := &wait{acted: make(map[string]asked)}
 	t0 := time.Unix(1000, 0)
 	busy := holderView{engine: planner.EngineIdle, state: lifecycle.Awake, active: 1, lastUsed: t0}
 	if !w.ask("a/make-room", t0, busy) {
@@ -35,7 +35,7 @@ func TestRoomAsksAgainWhenTheHolderChanged(t *testing.T) {
 		t.Fatal("asked again with nothing changed since the second ask")
 	}
 	// A busy holder changes with every request it serves: not asked again
-	// for that (one decision, one log line), only after roomReask.
+	// for that (one decision, one log line), only after Reask.
 	busier := busy
 	if !w.ask("c/yield", t0, busier) {
 		t.Fatal("the first ask of c was not made")
@@ -44,8 +44,8 @@ func TestRoomAsksAgainWhenTheHolderChanged(t *testing.T) {
 	if w.ask("c/yield", t0.Add(time.Second), busier) {
 		t.Fatal("a busy holder was asked again because it served a request")
 	}
-	if !w.ask("a/make-room", t0.Add(2*time.Second+roomReask), ended) {
-		t.Fatalf("not asked again after %s", roomReask)
+	if !w.ask("a/make-room", t0.Add(2*time.Second+Reask), ended) {
+		t.Fatalf("not asked again after %s", Reask)
 	}
 }
 
@@ -53,7 +53,7 @@ func TestRoomAsksAgainWhenTheHolderChanged(t *testing.T) {
 // wake waits: with nobody waiting, a request's end must not wake the
 // desk's goroutine (it was a scheduling delay on every request's path).
 func TestRoomModelIdlePokesOnlyWhileWaiting(t *testing.T) {
-	r := newRoom()
+	r := New(Deps{Clock: time.Now})
 	poked := func() bool {
 		select {
 		case <-r.kick:
@@ -62,15 +62,15 @@ func TestRoomModelIdlePokesOnlyWhileWaiting(t *testing.T) {
 			return false
 		}
 	}
-	r.modelIdle()
+	r.ModelIdle()
 	if poked() {
 		t.Fatal("a model's idleness woke the desk with nobody waiting")
 	}
 	r.mu.Lock()
-	r.waits["b"] = &roomWait{}
+	r.waits["b"] = &wait{}
 	r.counted()
 	r.mu.Unlock()
-	r.modelIdle()
+	r.ModelIdle()
 	if !poked() {
 		t.Fatal("a model's idleness did not wake the desk while b waits")
 	}
@@ -78,7 +78,7 @@ func TestRoomModelIdlePokesOnlyWhileWaiting(t *testing.T) {
 	delete(r.waits, "b")
 	r.counted()
 	r.mu.Unlock()
-	r.modelIdle()
+	r.ModelIdle()
 	if poked() {
 		t.Fatal("the desk was woken after the wait ended")
 	}

@@ -1,4 +1,4 @@
-package agent
+package measure
 
 import (
 	"bytes"
@@ -21,31 +21,31 @@ func TestGPUReadings_FallBack(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
 	boom := errors.New("nvidia-smi: timeout")
 
-	ms := &measurement{at: t0}
+	ms := &Measurement{At: t0}
 	r.use(log, ms, gpu.Snapshot{}, boom)
-	if ms.gpuFrom != gpuUnknown || !strings.Contains(ms.gpuNote, "no reading") {
-		t.Errorf("never read: %v %q", ms.gpuFrom, ms.gpuNote)
+	if ms.GPUFrom != GPUUnknown || !strings.Contains(ms.GPUNote, "no reading") {
+		t.Errorf("never read: %v %q", ms.GPUFrom, ms.GPUNote)
 	}
 	good := gpu.Snapshot{Source: gpu.SourceSMI, Devices: []gpu.Device{{Index: 0, Total: 24 << 30, Free: 4 << 30, HaveMemory: true}}}
-	ms = &measurement{at: t0.Add(time.Second)}
+	ms = &Measurement{At: t0.Add(time.Second)}
 	r.use(log, ms, good, nil)
-	if ms.gpuFrom != gpuLive || len(ms.gpus.Devices) != 1 {
-		t.Errorf("live: %v %v", ms.gpuFrom, ms.gpus)
+	if ms.GPUFrom != GPULive || len(ms.GPUs.Devices) != 1 {
+		t.Errorf("live: %v %v", ms.GPUFrom, ms.GPUs)
 	}
 	for _, after := range []time.Duration{5 * time.Second, 10 * time.Second} {
-		ms = &measurement{at: t0.Add(time.Second + after)}
+		ms = &Measurement{At: t0.Add(time.Second + after)}
 		r.use(log, ms, gpu.Snapshot{}, boom)
-		if ms.gpuFrom != gpuRecent || ms.gpus.Devices[0].Free != 4<<30 || !strings.Contains(ms.gpuNote, "last reading") {
-			t.Errorf("after %s: %v %v %q", after, ms.gpuFrom, ms.gpus, ms.gpuNote)
+		if ms.GPUFrom != GPURecent || ms.GPUs.Devices[0].Free != 4<<30 || !strings.Contains(ms.GPUNote, "last reading") {
+			t.Errorf("after %s: %v %v %q", after, ms.GPUFrom, ms.GPUs, ms.GPUNote)
 		}
 	}
-	ms = &measurement{at: t0.Add(time.Second + gpuReadingMaxAge + time.Second)}
+	ms = &Measurement{At: t0.Add(time.Second + GPUReadingMaxAge + time.Second)}
 	r.use(log, ms, gpu.Snapshot{}, boom)
-	if ms.gpuFrom != gpuFootprints || len(ms.gpus.Devices) != 0 || len(ms.totals) != 1 || ms.totals[0].Total != 24<<30 ||
-		!strings.Contains(ms.gpuNote, "learned footprints") {
-		t.Errorf("old reading: %v %v %v %q", ms.gpuFrom, ms.gpus, ms.totals, ms.gpuNote)
+	if ms.GPUFrom != GPUFootprints || len(ms.GPUs.Devices) != 0 || len(ms.Totals) != 1 || ms.Totals[0].Total != 24<<30 ||
+		!strings.Contains(ms.GPUNote, "learned footprints") {
+		t.Errorf("old reading: %v %v %v %q", ms.GPUFrom, ms.GPUs, ms.Totals, ms.GPUNote)
 	}
-	ms = &measurement{at: t0.Add(time.Minute)}
+	ms = &Measurement{At: t0.Add(time.Minute)}
 	r.use(log, ms, good, nil)
 	// unknown, recent (once for two rounds), footprints; then recovery.
 	if got := strings.Count(logs.String(), `msg="gpu probe failed"`); got != 3 {

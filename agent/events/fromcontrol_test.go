@@ -1,4 +1,4 @@
-package agent
+package events_test
 
 import (
 	"testing"
@@ -10,19 +10,19 @@ import (
 
 // Only model lifecycle events are published, in the events schema; planner
 // decisions and reloads stay on the control socket.
-func TestLifecycleEvent(t *testing.T) {
+func TestFromControl(t *testing.T) {
 	at := time.Unix(1700000000, 0)
-	got, ok := lifecycleEvent(control.Event{Time: at, Model: "m", Kind: "wake", Reason: "woke in 1.5s", WakeMs: 1500})
+	got, ok := events.FromControl(control.Event{Time: at, Model: "m", Kind: "wake", Reason: "woke in 1.5s", WakeMs: 1500})
 	want := events.Event{Time: at, Model: "m", Kind: events.KindWake, Reason: "woke in 1.5s", WakeDuration: 1500 * time.Millisecond}
 	if !ok || got != want {
 		t.Errorf("wake = %+v %v, want %+v", got, ok, want)
 	}
-	got, ok = lifecycleEvent(control.Event{Model: "m", Kind: "state", From: "awake", To: "draining", Reason: "idle"})
+	got, ok = events.FromControl(control.Event{Model: "m", Kind: "state", From: "awake", To: "draining", Reason: "idle"})
 	if !ok || got.Kind != events.KindState || got.From != "awake" || got.To != "draining" || got.Reason != "idle" {
 		t.Errorf("state = %+v %v", got, ok)
 	}
 	for _, e := range []control.Event{{Model: "m", Kind: "decision"}, {Kind: "reload"}, {Kind: "state"}} {
-		if _, ok := lifecycleEvent(e); ok {
+		if _, ok := events.FromControl(e); ok {
 			t.Errorf("%+v is published", e)
 		}
 	}

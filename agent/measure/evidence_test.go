@@ -1,4 +1,4 @@
-package agent
+package measure
 
 import (
 	"errors"
@@ -21,7 +21,7 @@ func TestActivity(t *testing.T) {
 	ollama := enginemetrics.Evidence{Engine: "ollama", Held: []enginemetrics.Held{}}
 	tests := []struct {
 		name   string
-		mode   string
+		mode   config.Evidence
 		r      engineReading
 		want   planner.Engine
 		detail string

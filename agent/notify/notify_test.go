@@ -1,4 +1,4 @@
-package agent
+package notify
 
 import (
 	"testing"
@@ -20,8 +20,8 @@ func TestStatusLine(t *testing.T) {
 		{map[lifecycle.State]int{lifecycle.Failed: 1, lifecycle.Waking: 1, lifecycle.Unsupported: 1, lifecycle.Draining: 1, lifecycle.Unverified: 1, lifecycle.Awake: 0}, 5, 1,
 			"5 models: 0 awake, 0 asleep, 1 waking, 1 draining, 1 unverified, 1 failed, 1 unsupported; 1 request in flight"},
 	} {
-		if got := statusLine(c.states, c.total, c.inFlight); got != c.want {
-			t.Errorf("statusLine(%v, %d, %d) = %q, want %q", c.states, c.total, c.inFlight, got, c.want)
+		if got := Line(c.states, c.total, c.inFlight); got != c.want {
+			t.Errorf("Line(%v, %d, %d) = %q, want %q", c.states, c.total, c.inFlight, got, c.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package measure
 
 import (
 	"context"
@@ -31,7 +31,7 @@ type engineReading struct {
 // activity is what the evidence the model's `evidence` key chooses says
 // about the engine's work, with a detail for reasons: what it is busy
 // with, or what is missing when it says nothing.
-func activity(mode string, port int, r engineReading) (planner.Engine, string) {
+func activity(mode config.Evidence, port int, r engineReading) (planner.Engine, string) {
 	useMetrics := mode == config.EvidenceMetrics || mode == config.EvidenceAuto && r.metrics.Have()
 	switch {
 	case mode == config.EvidenceLeases:
@@ -68,17 +68,16 @@ func inUseOutside(peers []sockets.Peer) string {
 }
 
 // judgeEngines decides, for every serving model, what its evidence says of
-// its engine: its own figures (scraped by measure) and the connections to
+// its engine: its own figures (scraped by Measure) and the connections to
 // its port, from one reading of the socket table per round.
-func (a *Agent) judgeEngines(ms *measurement) {
+func judgeEngines(ms *Measurement, snaps []model.Snapshot) {
 	tab, tabErr := sockets.Reader{}.Read()
-	for _, m := range a.reg.Load().list {
-		s := m.Snapshot()
-		mm, ok := ms.models[m.Name()]
+	for _, s := range snaps {
+		mm, ok := ms.Models[s.Config.Name]
 		if !ok || !s.Lifecycle.State.Serving() {
 			continue
 		}
-		r := engineReading{metrics: mm.engine, tableErr: tabErr}
+		r := engineReading{metrics: mm.Engine, tableErr: tabErr}
 		port := s.Spec.Port
 		if s.Config.Transport == config.TransportHTTP && tabErr == nil {
 			r.listening = tab.Listening(port)
@@ -87,9 +86,9 @@ func (a *Agent) judgeEngines(ms *measurement) {
 				r.tableErr = err
 			}
 		}
-		mm.notes = notes(r)
-		mm.activity, mm.detail = activity(s.Config.Evidence, port, r)
-		ms.models[m.Name()] = mm
+		mm.Notes = notes(r)
+		mm.Activity, mm.Detail = activity(s.Config.Evidence, port, r)
+		ms.Models[s.Config.Name] = mm
 	}
 }
 
@@ -114,14 +113,13 @@ func notes(r engineReading) string {
 	return strings.Join(out, "; ")
 }
 
-// reason is a model's reason in status and /v1/models: the lifecycle's,
-// and the notes on a serving engine.
-func (a *Agent) reason(name string, lc lifecycle.Snapshot) string {
-	ms := a.measured.Load()
+// Reason is a model's reason in status and /v1/models: the lifecycle's,
+// and the notes on a serving engine (ms may be nil: none measured yet).
+func (ms *Measurement) Reason(name string, lc lifecycle.Snapshot) string {
 	if ms == nil || !lc.State.Serving() {
 		return lc.Reason
 	}
-	n := ms.models[name].notes
+	n := ms.Models[name].Notes
 	switch {
 	case n == "" || strings.Contains(lc.Reason, n):
 		return lc.Reason
@@ -131,18 +129,18 @@ func (a *Agent) reason(name string, lc lifecycle.Snapshot) string {
 	return lc.Reason + "; " + n
 }
 
-// probeEngine is a model's health probe of its awake engine (model.Deps
+// ProbeEngine is a model's health probe of its awake engine (model.Deps
 // Probe): one request to its health path and, beside it, its work counters
 // when it publishes them; then what it sent on each connection to its
 // port.
-func (a *Agent) probeEngine(ctx context.Context, spec supervisor.Spec, cfg *config.Model) model.ProbeResult {
+func (p *Prober) ProbeEngine(ctx context.Context, spec supervisor.Spec, cfg *config.Model) model.ProbeResult {
 	var r model.ProbeResult
 	counters := make(chan enginemetrics.Evidence, 1)
 	go func() {
-		ev, _ := a.scraper.Scrape(ctx, spec.BaseURL(), cfg.ActivityMetrics)
+		ev, _ := p.Scraper.Scrape(ctx, spec.BaseURL(), cfg.ActivityMetrics)
 		counters <- ev
 	}()
-	r.Err = a.sup.Probe(ctx, spec)
+	r.Err = p.Supervisor.Probe(ctx, spec)
 	if ev := <-counters; ev.HaveProgress {
 		r.Progress.Counters, r.Progress.HaveCounters = ev.Progress, true
 	}
