@@ -144,15 +144,21 @@ func (d *decoder) addAt(e entry, msg string) { d.add(e.file, e.line, e.path, msg
 func (d *decoder) finish() (*Config, error) {
 	d.resolveModels()
 	if len(d.errs) > 0 {
-		slices.SortStableFunc(d.errs, func(a, b Problem) int {
-			return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
-		})
 		// A template's value checked for each model that takes it is
 		// reported once.
-		return nil, slices.Compact(d.errs)
+		return nil, slices.Compact(d.inFileOrder(d.errs))
 	}
-	d.cfg.Warnings = d.warnings
+	d.cfg.Warnings = d.inFileOrder(d.warnings)
 	return d.cfg, nil
+}
+
+// inFileOrder sorts problems by file (in reading order), line and key; the
+// keys of a table are walked in no order.
+func (d *decoder) inFileOrder(ps Errors) Errors {
+	slices.SortStableFunc(ps, func(a, b Problem) int {
+		return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
+	})
+	return ps
 }
 
 // locator fails every decode; the ParseError the toml package wraps around
