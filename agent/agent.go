@@ -431,7 +431,7 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 	var keys *gateway.APIKeys
 	if cfg.Gateway.APIKeysFile != "" {
 		var err error
-		if keys, err = gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile); err != nil {
+		if keys, err = gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile, cfg.Policy.Priorities); err != nil {
 			return nil, err
 		}
 	}

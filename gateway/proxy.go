@@ -84,7 +84,11 @@ func (c *call) rewrite(pr *httputil.ProxyRequest) {
 		h.Del("Accept-Encoding")
 	}
 	out.TransferEncoding = nil
-	c.up.attach(out, served)
+	e := bodyEdit{served: served}
+	if c.ticket.EnginePriority && c.ticket.Class.Set() {
+		e.priority, e.setPriority = c.ticket.Class.Engine(), true
+	}
+	c.up.attach(out, e)
 }
 
 // answer prepares the engine's answer for the client (ReverseProxy's
@@ -474,7 +478,7 @@ func (w *recorder) stored() *lease.Stored {
 var perReply = []string{
 	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-	HeaderQueueDepth, HeaderWakeMs, HeaderReplayed,
+	HeaderQueueDepth, HeaderWakeMs, HeaderReplayed, HeaderPriority,
 }
 
 func storedHeader(h http.Header) http.Header {

@@ -15,6 +15,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
@@ -84,6 +85,9 @@ func Default() *Config {
 			FairShare:            FairShareAuto,
 			DeepSleep:            sleepmode.None,
 			DeepSleepAfter:       time.Hour,
+			Priorities:           priority.DefaultClasses,
+			PriorityAge:          time.Minute,
+			PriorityYieldAfter:   map[string]time.Duration{},
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -143,14 +147,17 @@ func (d *decoder) addAt(e entry, msg string) { d.add(e.file, e.line, e.path, msg
 // configuration, or every problem found, sorted by file and line.
 func (d *decoder) finish() (*Config, error) {
 	d.resolveModels()
+	byPlace := func(a, b Problem) int {
+		return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
+	}
 	if len(d.errs) > 0 {
-		slices.SortStableFunc(d.errs, func(a, b Problem) int {
-			return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
-		})
+		slices.SortStableFunc(d.errs, byPlace)
 		// A template's value checked for each model that takes it is
 		// reported once.
 		return nil, slices.Compact(d.errs)
 	}
+	// A table's keys are decoded in no order: the warnings in the file's.
+	slices.SortStableFunc(d.warnings, byPlace)
 	d.cfg.Warnings = d.warnings
 	return d.cfg, nil
 }
@@ -554,6 +561,9 @@ func policySchema(p *Policy) map[string]setter {
 func policyTableSchema(p *Policy) map[string]setter {
 	schema := policySchema(p)
 	schema["max_awake"] = setInt(&p.MaxAwake, 0, 1<<20)
+	schema["priorities"] = setClasses(&p.Priorities)
+	schema["priority_age"] = setDuration(&p.PriorityAge, false)
+	schema["priority_yield_after"] = setDurations(&p.PriorityYieldAfter)
 	return schema
 }
 
@@ -594,6 +604,8 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"wake_progress":     setBool(&m.WakeProgress),
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
+		"priority":          setClass(&m.Priority, &pol.Priorities),
+		"engine_priority":   setBool(&m.EnginePriority),
 	})
 	maps.Copy(schema, containerSchema(m))
 	return schema
@@ -646,11 +658,13 @@ func (d *decoder) resolveModels() {
 		}
 		d.record(t, hostSchema(cfg, name), nil)
 	}
+	d.checkPriorities()
 	d.checkTemplates()
 	for _, own := range d.models {
 		name := own.path[len(own.path)-1]
 		mt, tmpls, vars := d.withTemplates(own)
 		m, pol := newModel(name), cfg.Policy
+		m.Priority = cfg.Policy.Priorities.Default()
 		schema := modelSchema(m, &pol)
 		d.substitute(mt, name, vars)
 		d.fields(mt, withMeta(schema))
@@ -805,6 +819,18 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 			if owner, ok := listenPort[m.Port]; ok {
 				d.addAt(at, fmt.Sprintf("port %d is napd's own: %s listens on it", m.Port, owner))
 			}
+		}
+	}
+}
+
+// checkPriorities checks that [policy] priority_yield_after names classes
+// of [policy] priorities (the keys of a table are decoded in no order, so
+// not before both are).
+func (d *decoder) checkPriorities() {
+	pol := d.cfg.Policy
+	for _, name := range slices.Sorted(maps.Keys(pol.PriorityYieldAfter)) {
+		if _, err := pol.Priorities.Parse(name); err != nil {
+			d.addAt(d.tables["policy"].at("priority_yield_after"), err.Error())
 		}
 	}
 }
