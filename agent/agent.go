@@ -449,6 +449,7 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 		Routes:         gatewayRoutes(cfg.Gateway.Routes),
 		ListAliases:    cfg.Gateway.ListAliases,
 		CORSOrigins:    cfg.Gateway.CORSOrigins,
+		Priorities:     cfg.Policy.Priorities,
 		Logger:         a.log,
 		Observe:        a.metrics.Request,
 		Admin:          a.adminHandler(),

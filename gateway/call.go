@@ -62,8 +62,8 @@ type call struct {
 	wake      time.Duration
 	queueWait time.Duration
 	class     priority.Class // as the model resolved it, once admitted
-	usage     UsageScanner // token counts of the engine's answer
-	cancelled bool         // the response is not complete (left, deadline, engine error)
+	usage     UsageScanner   // token counts of the engine's answer
+	cancelled bool           // the response is not complete (left, deadline, engine error)
 	replayed  bool
 	probe     bool // a balancer's health check: logged at debug whatever it answers
 

@@ -350,7 +350,7 @@ port = 8102
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
 		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,
 		DeepSleep: sleepmode.Stop, DeepSleepAfter: 30 * time.Minute,
-		Priority: 3, EnginePriority: true,
+		Priority: 3, EnginePriority: true, PriorityAge: time.Minute,
 	}
 	if !reflect.DeepEqual(cfg.Models[0], want) {
 		t.Errorf("zeta =\n%+v\nwant\n%+v", cfg.Models[0], want)

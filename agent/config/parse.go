@@ -672,6 +672,7 @@ func (d *decoder) resolveModels() {
 		d.checkContainer(m, mt, cfg.Agent)
 		// [gateway] is decoded before the models.
 		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
+		m.PriorityAge = cfg.Policy.PriorityAge
 		d.checkModel(m, mt)
 		d.decls = append(d.decls, decl{m, mt})
 		d.record(mt, schema, tmpls)

@@ -223,6 +223,9 @@ type Model struct {
 	// --scheduling-policy priority), which napd sets from the class.
 	Priority       priority.Class
 	EnginePriority bool
+	// PriorityAge is [policy] priority_age: a queued request counts as
+	// one class higher per PriorityAge waited.
+	PriorityAge time.Duration
 
 	// WakeProgress: a streaming request that waits for this model's wake
 	// gets its 200 headers early and SSE comments until the first token.

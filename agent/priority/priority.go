@@ -189,3 +189,34 @@ func Pick(n int, at func(int) Queued, now time.Time, age time.Duration, fair boo
 	}
 	return first // every client of the class comes before the last one: a new round
 }
+
+// Oldest is, by class, when a model's oldest queued request of that class
+// arrived (zero: none of it queued); class c is at index c-1.
+type Oldest [MaxClasses]time.Time
+
+// Note records a queued request of class c that arrived at at.
+func (o *Oldest) Note(c Class, at time.Time) {
+	if !c.Set() || int(c) > MaxClasses {
+		return
+	}
+	if i := int(c) - 1; o[i].IsZero() || at.Before(o[i]) {
+		o[i] = at
+	}
+}
+
+// Best is the highest class among the queued requests once aged at now
+// (see Aged), and when the oldest of those that count as that class
+// arrived; None when nothing is queued.
+func (o *Oldest) Best(now time.Time, age time.Duration) (Class, time.Time) {
+	best, since := None, time.Time{}
+	for i, at := range o {
+		if at.IsZero() {
+			continue
+		}
+		c := Class(i+1).Aged(now.Sub(at), age)
+		if c.Above(best) || (c == best && at.Before(since)) {
+			best, since = c, at
+		}
+	}
+	return best, since
+}

@@ -166,3 +166,26 @@ func TestPick_StarvationBound(t *testing.T) {
 		}
 	}
 }
+
+// Oldest keeps each class's oldest arrival; Best is the highest class
+// once aged, with the arrival of its oldest request.
+func TestOldest_BestAged(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var o Oldest
+	if c, _ := o.Best(t0, time.Minute); c != None {
+		t.Errorf("empty: %d", c)
+	}
+	o.Note(batch, t0.Add(time.Second))
+	o.Note(batch, t0) // older: kept
+	o.Note(batch, t0.Add(2*time.Second))
+	o.Note(dflt, t0.Add(30*time.Second))
+	o.Note(None, t0)
+	if c, at := o.Best(t0.Add(40*time.Second), time.Minute); c != dflt || !at.Equal(t0.Add(30*time.Second)) {
+		t.Errorf("at 40s: %d %v, want default from 30s", c, at)
+	}
+	// At 2m batch's oldest counts as interactive; default's (1m30s) as
+	// interactive too: the older arrival is named.
+	if c, at := o.Best(t0.Add(2*time.Minute), time.Minute); c != interactive || !at.Equal(t0) {
+		t.Errorf("at 2m: %d %v, want interactive from 0s", c, at)
+	}
+}
