@@ -74,7 +74,7 @@ func (m *Model) noteWakeCause(w *waiter, attempt int) {
 		m.wakeCause = ""
 	}
 	if m.d.Usage != nil {
-		m.d.Usage.Woke(m.name, m.wakeCause)
+		m.d.Usage.Woke(m.now(), m.name, m.wakeCause)
 	}
 }
 
@@ -97,7 +97,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 		var waited atomic.Bool
 		gpus, err := m.d.MakeRoom(roomCtx, m.name, func(holders string) {
 			if !waited.Swap(true) && m.d.Usage != nil {
-				m.d.Usage.Swapped(m.name, cause)
+				m.d.Usage.Swapped(m.now(), m.name, cause)
 			}
 			m.do(func() {
 				m.machine.WaitingForRoom(m.now(), op, "held by "+holders)

@@ -106,8 +106,8 @@ type Deps struct {
 type Usage interface {
 	Begin(now time.Time, model, key string)
 	End(now time.Time, model, key string)
-	Woke(model, key string)
-	Swapped(model, key string)
+	Woke(now time.Time, model, key string)
+	Swapped(now time.Time, model, key string)
 }
 
 // Model is one configured model and its owner loop.

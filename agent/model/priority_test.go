@@ -191,10 +191,10 @@ func (f *fakeUsage) add(e string) {
 	f.events = append(f.events, e)
 }
 
-func (f *fakeUsage) Begin(_ time.Time, model, key string) { f.add("begin " + model + " " + key) }
-func (f *fakeUsage) End(_ time.Time, model, key string)   { f.add("end " + model + " " + key) }
-func (f *fakeUsage) Woke(model, key string)               { f.add("woke " + model + " " + key) }
-func (f *fakeUsage) Swapped(model, key string)            { f.add("swapped " + model + " " + key) }
+func (f *fakeUsage) Begin(_ time.Time, model, key string)   { f.add("begin " + model + " " + key) }
+func (f *fakeUsage) End(_ time.Time, model, key string)     { f.add("end " + model + " " + key) }
+func (f *fakeUsage) Woke(_ time.Time, model, key string)    { f.add("woke " + model + " " + key) }
+func (f *fakeUsage) Swapped(_ time.Time, model, key string) { f.add("swapped " + model + " " + key) }
 
 func (f *fakeUsage) seen() []string {
 	f.mu.Lock()
