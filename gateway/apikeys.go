@@ -243,6 +243,9 @@ func (s *Scope) Limited() bool {
 	return s != nil && s.Role != RoleAdmin && (s.GPUHoursPerDay > 0 || s.TokensPerDay > 0)
 }
 
+// Scopes lists the keys' scopes, in the file's order.
+func (k *APIKeys) Scopes() []*Scope { return append([]*Scope(nil), k.scopes...) }
+
 // Names lists the keys' names (the client labels).
 func (k *APIKeys) Names() []string { return append([]string(nil), k.names...) }
 
