@@ -74,6 +74,7 @@ func (c *call) rewrite(pr *httputil.ProxyRequest) {
 	// so the client's Expect was answered by napd.
 	h.Del("Cookie")
 	h.Del("Expect")
+	h.Del(HeaderPriority) // napd's: the engine's own field is engine_priority's
 	if c.g.opts.APIKeys != nil {
 		// napd's key is for napd, never for the engine.
 		h.Del("Authorization")
