@@ -155,22 +155,6 @@ func runPriorities(ctx context.Context, binDir string, classes bool, interactive
 	return f, nil
 }
 
-// postAs is post with key's bearer token.
-func postAs(ctx context.Context, c *http.Client, url, body, key string) error {
-	resp, err := send(ctx, c, url, body, key)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return nil
-}
-
 // firstByte sends a streaming request and returns the time to the first
 // byte of its answer's body, reading the rest.
 func firstByte(ctx context.Context, c *http.Client, url, body, key string) (time.Duration, error) {
@@ -191,16 +175,6 @@ func firstByte(ctx context.Context, c *http.Client, url, body, key string) (time
 	d := time.Since(t)
 	_, err = io.Copy(io.Discard, r)
 	return d, err
-}
-
-func send(ctx context.Context, c *http.Client, url, body, key string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+key)
-	return c.Do(req)
 }
 
 // runPriorityRuns runs the batch load alone, then the workload without

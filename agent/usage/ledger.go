@@ -87,6 +87,8 @@ type Ledger struct {
 	total  map[pair]*Use
 	hours  map[int64]map[pair]*Use // by the hour's start, Unix seconds
 	date   string                  // today, in loc
+	dayEnd time.Time               // when it ends; zero: not worked out yet
+	dayAt  time.Time               // when it began
 	today  map[string]*day         // by key
 	at     time.Time               // the time of the charges being made
 	dirty  bool
@@ -220,9 +222,13 @@ func (l *Ledger) record(model, key string, u Use) {
 
 // day is key's use today (at l.at), the day's figures reset at its start.
 func (l *Ledger) day(key string) *day {
-	if date := l.at.In(l.loc).Format(time.DateOnly); date != l.date {
-		l.date = date
-		clear(l.today)
+	if l.at.Before(l.dayAt) || !l.at.Before(l.dayEnd) {
+		y, m, d := l.at.In(l.loc).Date()
+		l.dayAt, l.dayEnd = time.Date(y, m, d, 0, 0, 0, 0, l.loc), time.Date(y, m, d+1, 0, 0, 0, 0, l.loc)
+		if date := l.dayAt.Format(time.DateOnly); date != l.date {
+			l.date = date
+			clear(l.today)
+		}
 	}
 	d := l.today[key]
 	if d == nil {
@@ -388,8 +394,7 @@ func (l *Ledger) Today(key string, now time.Time) (gpuHours float64, tokens int6
 		}
 	}
 	d := l.day(key)
-	y, mo, dd := now.In(l.loc).Date()
-	return d.GPUSeconds / 3600, d.Tokens, time.Date(y, mo, dd+1, 0, 0, 0, 0, l.loc)
+	return d.GPUSeconds / 3600, d.Tokens, l.dayEnd
 }
 
 // Save writes usage.json when something changed since the last save.

@@ -285,3 +285,20 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// A request's start and end on the ledger allocate nothing once its key
+// and model are known: they are on every request's path.
+func TestLedger_BeginEndAllocs(t *testing.T) {
+	l := New("", time.UTC)
+	l.Resize(t0, "m", 1<<30, 0.5)
+	now := t0
+	round := func() {
+		now = now.Add(time.Millisecond)
+		l.Begin(now, "m", "alice")
+		l.End(now.Add(time.Microsecond), "m", "alice")
+	}
+	round()
+	if n := testing.AllocsPerRun(100, round); n > 0 {
+		t.Errorf("%.1f allocations per request, want 0", n)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,45 +44,12 @@ func TestPriority_BatchHolderYieldsToInteractive(t *testing.T) {
 	if resp, body, err := n.Post(ctx, "/v1/chat/completions", harness.Chat("a", false, 1), bearer("sk-nightly-0123456789")...); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("a: %v %v %s", resp, err, body)
 	}
-	type result struct {
-		sent, done time.Time
-		status     int
-	}
-	stop := make(chan struct{})
-	var mu sync.Mutex
-	var batch []result
-	var wg sync.WaitGroup
-	// a stays busy: three clients a third of a request apart (see
-	// TestRoom_BusyHolderYieldsAfterYieldAfter).
-	for i := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			time.Sleep(time.Duration(i) * 100 * time.Millisecond)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				sent := time.Now()
-				resp, _, err := n.Post(ctx, "/v1/chat/completions", harness.Chat("a", false, 15), bearer("sk-nightly-0123456789")...)
-				r := result{sent: sent, done: time.Now()}
-				if err == nil {
-					r.status = resp.StatusCode
-				}
-				mu.Lock()
-				batch = append(batch, r)
-				mu.Unlock()
-			}
-		}()
-	}
+	end := keepBusy(n, "a", 15, bearer("sk-nightly-0123456789")...)
 	time.Sleep(700 * time.Millisecond) // let a's batch run
 	resp, body, err := n.Post(ctx, "/v1/chat/completions", harness.Chat("b", false, 2),
 		append(bearer("sk-ide-0123456789"), "X-Request-Timeout", "60s")...)
 	bDone := time.Now()
-	close(stop)
-	wg.Wait()
+	batch := end()
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("b (interactive) behind a batch load: %v %v %s", resp, err, body)
 	}
