@@ -42,6 +42,7 @@ import (
 	"github.com/napd/napd/agent/notify"
 	"github.com/napd/napd/agent/room"
 	"github.com/napd/napd/agent/statuspage"
+	"github.com/napd/napd/agent/usage"
 	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/statefile"
@@ -97,8 +98,9 @@ type Agent struct {
 	tracker *lease.Tracker
 	sup     *supervisor.Supervisor
 	prober  *measure.Prober
-	desk    *room.Desk  // the make-room desk and the planner's rounds
-	ports   *memo.Store // ports napd allocated for port = 0 models
+	desk    *room.Desk    // the make-room desk and the planner's rounds
+	ports   *memo.Store   // ports napd allocated for port = 0 models
+	usage   *usage.Ledger // GPU time and more per key (usage.json)
 	metrics *metrics.Metrics
 	hub     *control.Hub
 	notify  *notify.Notifier
@@ -156,6 +158,11 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	a.ports = memos["ports"]
+	// A usage.json that cannot be read is moved aside: napd starts with
+	// empty figures rather than not at all.
+	if a.usage, err = usage.Open(filepath.Join(cfg.Agent.StateDir, "usage.json"), nil); err != nil {
+		log.Error("usage figures", "err", err)
+	}
 	backend, err := opts.OpenBackend(runCtx, cfg.Agent.Supervisor, supervisor.OpenOptions{
 		StateDir: cfg.Agent.StateDir, Logger: log, ContainerRuntimes: cfg.ContainerRuntimes()})
 	if err != nil {
@@ -225,6 +232,7 @@ func Run(ctx context.Context, opts Options) error {
 			srv.shutdown(opts.ShutdownGrace)
 			cancel()
 			a.stopModels()
+			a.saveUsage()
 			a.closeSupervisor()
 			a.helpers.Wait()
 			log.Info("napd stopped")
@@ -431,7 +439,7 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 	var keys *gateway.APIKeys
 	if cfg.Gateway.APIKeysFile != "" {
 		var err error
-		if keys, err = gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile); err != nil {
+		if keys, err = gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile, cfg.Policy.Priorities); err != nil {
 			return nil, err
 		}
 	}
@@ -449,8 +457,10 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 		Routes:         gatewayRoutes(cfg.Gateway.Routes),
 		ListAliases:    cfg.Gateway.ListAliases,
 		CORSOrigins:    cfg.Gateway.CORSOrigins,
+		Priorities:     cfg.Policy.Priorities,
+		Quotas:         quotas{a.usage},
 		Logger:         a.log,
-		Observe:        a.metrics.Request,
+		Observe:        a.observe,
 		Admin:          a.adminHandler(),
 	}, (*gatewayModels)(a)), nil
 }
@@ -503,7 +513,7 @@ func (a *Agent) ticker(ctx context.Context) {
 	defer a.helpers.Done()
 	tick := time.NewTicker(tickEvery)
 	defer tick.Stop()
-	lastPlan := time.Time{}
+	lastPlan, lastSave := time.Time{}, time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -515,6 +525,11 @@ func (a *Agent) ticker(ctx context.Context) {
 			if now.Sub(lastPlan) >= planEvery {
 				lastPlan = now
 				a.desk.Plan(ctx)
+				a.meterUsage(a.clock())
+			}
+			if now.Sub(lastSave) >= usageSaveEvery {
+				lastSave = now
+				a.saveUsage()
 			}
 		}
 	}

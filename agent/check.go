@@ -19,7 +19,7 @@ func Check(cfg *config.Config) error {
 		problems = append(problems, config.Problem{File: cfg.Path, Key: key, Message: err.Error()})
 	}
 	if cfg.Gateway.APIKeysFile != "" {
-		if _, err := gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile); err != nil {
+		if _, err := gateway.LoadAPIKeys(cfg.Gateway.APIKeysFile, cfg.Policy.Priorities); err != nil {
 			add("gateway.api_keys_file", err)
 		}
 	}

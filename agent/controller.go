@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lease"
@@ -72,6 +73,7 @@ func (a *Agent) Status() control.Status {
 		}
 		st.Models = append(st.Models, row)
 	}
+	st.Usage, st.Quotas = usageRows(a.usage.Since(a.clock().Add(-24*time.Hour))), a.quotasToday(a.clock())
 	return st
 }
 
@@ -148,7 +150,7 @@ func (a *Agent) Subscribe() (<-chan control.Event, func()) { return a.hub.Subscr
 // metricsSnapshot feeds the scrape-time gauges.
 func (a *Agent) metricsSnapshot() metrics.Snapshot {
 	ms := a.desk.Measured()
-	snap := metrics.Snapshot{HostAvailable: -1}
+	snap := metrics.Snapshot{HostAvailable: -1, Usage: a.usageMetrics()}
 	for _, m := range a.reg.Load().list {
 		s := m.Snapshot()
 		ev, _ := a.tracker.Evidence(m.Name())

@@ -116,6 +116,7 @@ func (a *Agent) modelDeps() model.Deps {
 		Probe:         a.prober.ProbeEngine,
 		Log:           a.log,
 		Ctx:           a.ctx,
+		Usage:         a.usage,
 	}
 }
 

@@ -12,7 +12,10 @@
 //     each request, against napd's CPU per request from 1;
 //  5. swaps: two models that do not fit on the GPU together (a fake
 //     nvidia-smi), clients asking for a random one, napd's scheduling
-//     against a naive swap-per-request policy.
+//     against a naive swap-per-request policy;
+//  6. priorities: on those two models, a batch load on one and an
+//     interactive client on the other, time to first byte and batch
+//     throughput with and without priority classes.
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
@@ -53,6 +56,8 @@ func main() {
 	flag.IntVar(&o.swapClients, "swap-clients", 8, "concurrent clients of the swap workload")
 	flag.IntVar(&o.swapRequests, "swap-requests", 25, "requests per client of the swap workload")
 	flag.BoolVar(&o.swapsOnly, "swaps-only", false, "run only the swap workload and print its figures")
+	flag.IntVar(&o.interactive, "interactive", 12, "interactive requests per run of the priorities workload")
+	flag.BoolVar(&o.prioritiesOnly, "priorities-only", false, "run only the priorities workload and print its figures")
 	flag.BoolVar(&o.wrkOnly, "wrk-only", false, "run only the wrk comparisons (the real engine's too) and print their figures")
 	flag.BoolVar(&o.realOnly, "real-only", false, "run only the real-engine comparison and print its figures")
 	flag.StringVar(&o.llamaServer, "llama-server", "", "llama.cpp's llama-server binary: the real-engine comparison runs on it (with -gguf)")
@@ -85,23 +90,42 @@ func main() {
 
 // options are the driver's flags.
 type options struct {
-	bin           string
-	out           string
-	requests      int
-	workers       int
-	throughputFor time.Duration
-	streams       int
-	swapClients   int
-	swapRequests  int
-	swapsOnly     bool
-	wrkOnly       bool
-	realOnly      bool
-	llamaServer   string
-	gguf          string
-	binB          string // "" = no A/B comparison
+	bin            string
+	out            string
+	requests       int
+	workers        int
+	throughputFor  time.Duration
+	streams        int
+	swapClients    int
+	swapRequests   int
+	swapsOnly      bool
+	interactive    int
+	prioritiesOnly bool
+	wrkOnly        bool
+	realOnly       bool
+	llamaServer    string
+	gguf           string
+	binB           string // "" = no A/B comparison
 }
 
 func run(o options) error {
+	if o.prioritiesOnly {
+		r := &report{}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		step := func(name string) func() {
+			fmt.Fprintf(os.Stderr, "bench: %s…", name)
+			t := time.Now()
+			return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
+		}
+		if err := r.runPriorityRuns(ctx, o, step); err != nil {
+			return err
+		}
+		var b strings.Builder
+		r.priorityMarkdown(&b)
+		fmt.Print(b.String())
+		return nil
+	}
 	if o.swapsOnly {
 		r := &report{swapClients: o.swapClients, swapEach: o.swapRequests}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -288,6 +312,9 @@ func run(o options) error {
 	done()
 
 	if err := r.runSwaps(ctx, o, step); err != nil {
+		return err
+	}
+	if err := r.runPriorityRuns(ctx, o, step); err != nil {
 		return err
 	}
 

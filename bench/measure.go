@@ -35,12 +35,12 @@ func client() *http.Client {
 
 // post sends body to url and reads the whole reply.
 func post(ctx context.Context, c *http.Client, url, body string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
+	return postAs(ctx, c, url, body, "")
+}
+
+// postAs is post with key's bearer token ("" = none).
+func postAs(ctx context.Context, c *http.Client, url, body, key string) error {
+	resp, err := send(ctx, c, url, body, key)
 	if err != nil {
 		return err
 	}
@@ -52,6 +52,19 @@ func post(ctx context.Context, c *http.Client, url, body string) error {
 		return fmt.Errorf("%s: status %d", url, resp.StatusCode)
 	}
 	return nil
+}
+
+// send posts a JSON body to url, with key's bearer token ("" = none).
+func send(ctx context.Context, c *http.Client, url, body, key string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	return c.Do(req)
 }
 
 // percentile is the p-th percentile (0..1) of sorted durations.

@@ -74,6 +74,8 @@ type report struct {
 	swaps                        []swapFigures
 	swapClients, swapEach        int
 	swapLoad                     string // load average when the swaps ran
+	priorities                   []priorityFigures
+	priorityLoad                 string // load average when the priority runs started
 	wrk                          wrkFigures
 	real                         realFigures
 	allocs                       []goBench // BenchmarkProxy: direct, gateway
@@ -192,6 +194,7 @@ with it. The model is put to sleep again between rows.
 	r.scaleMarkdown(&b)
 	r.recordingMarkdown(&b)
 	r.swapMarkdown(&b)
+	r.priorityMarkdown(&b)
 	return strings.TrimRight(b.String(), "\n") + "\n"
 }
 

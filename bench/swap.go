@@ -40,6 +40,52 @@ type swapFigures struct {
 	napdShare, stopGap latency
 }
 
+// startSwapNapd starts a napd from binDir with the two swap models on the
+// fake GPU; gateway and policy are more lines of those tables, flags the
+// engines' own.
+func startSwapNapd(binDir, gateway, policy string, flags ...string) (*napd, error) {
+	n, err := newNapd("napd", "napd-bench-swap-")
+	if err != nil {
+		return nil, err
+	}
+	state := filepath.Join(n.dir, "gpu-state")
+	smi, err := filepath.Abs(filepath.Join("tests", "planner", "testdata"))
+	if err != nil {
+		return nil, err
+	}
+	gpu := fmt.Sprintf("total %d\n", swapGPUMiB)
+	var cfg strings.Builder
+	cfg.WriteString(n.baseConfig("2m"))
+	cfg.WriteString(gateway)
+	cfg.WriteString(benchPolicy)
+	cfg.WriteString(policy)
+	var args strings.Builder
+	for _, f := range flags {
+		fmt.Fprintf(&args, ", %q", f)
+	}
+	for _, m := range swapModels {
+		gpu += fmt.Sprintf("model %s %d\n", m, swapModelMiB)
+		fmt.Fprintf(&cfg, `
+[models.%s]
+command = [%q, "--host", "127.0.0.1", "--port", "${PORT}", "--model", %q%s]
+sleep = "stop"
+gpus = [0]
+gpu_memory = "%dMiB"
+`, m, filepath.Join(binDir, "napd-demo-engine"), m, args.String(), swapModelMiB)
+	}
+	if err := os.WriteFile(state, []byte(gpu), 0o644); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(smi, "nvidia-smi")); err != nil {
+		return nil, fmt.Errorf("the fake nvidia-smi (run the bench from the repository root): %w", err)
+	}
+	env := []string{"PATH=" + smi + ":" + os.Getenv("PATH"), "FAKE_SMI_STATE=" + state}
+	if err := n.launch(binDir, cfg.String(), env); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
 // swapPolicy sends one request for model and returns when it is answered.
 type swapPolicy func(ctx context.Context, model string) error
 
@@ -53,37 +99,8 @@ func runSwaps(ctx context.Context, binDir string, clients, each int, naive bool)
 	if naive {
 		f.policy = "naive: one request at a time, swap whenever the model changes"
 	}
-	n, err := newNapd("napd", "napd-bench-swap-")
+	n, err := startSwapNapd(binDir, "", "", "--ttft", "5ms", "--tokens-per-second", "0")
 	if err != nil {
-		return f, err
-	}
-	state := filepath.Join(n.dir, "gpu-state")
-	smi, err := filepath.Abs(filepath.Join("tests", "planner", "testdata"))
-	if err != nil {
-		return f, err
-	}
-	gpu := fmt.Sprintf("total %d\n", swapGPUMiB)
-	var cfg strings.Builder
-	cfg.WriteString(n.baseConfig("2m"))
-	cfg.WriteString(benchPolicy)
-	for _, m := range swapModels {
-		gpu += fmt.Sprintf("model %s %d\n", m, swapModelMiB)
-		fmt.Fprintf(&cfg, `
-[models.%s]
-command = [%q, "--host", "127.0.0.1", "--port", "${PORT}", "--model", %q, "--ttft", "5ms", "--tokens-per-second", "0"]
-sleep = "stop"
-gpus = [0]
-gpu_memory = "%dMiB"
-`, m, filepath.Join(binDir, "napd-demo-engine"), m, swapModelMiB)
-	}
-	if err := os.WriteFile(state, []byte(gpu), 0o644); err != nil {
-		return f, err
-	}
-	if _, err := os.Stat(filepath.Join(smi, "nvidia-smi")); err != nil {
-		return f, fmt.Errorf("the fake nvidia-smi (run the bench from the repository root): %w", err)
-	}
-	env := []string{"PATH=" + smi + ":" + os.Getenv("PATH"), "FAKE_SMI_STATE=" + state}
-	if err := n.launch(binDir, cfg.String(), env); err != nil {
 		return f, err
 	}
 	stopped := false

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/internal/statefile"
 )
@@ -49,6 +50,16 @@ type Scope struct {
 	// Concurrency is the most requests the key may have in flight at once;
 	// 0 means no limit of its own.
 	Concurrency int
+	// Priority is the key's class (priority=, resolved against [policy]
+	// priorities by LoadAPIKeys); None: the model's default. PriorityName
+	// is the name as written.
+	Priority     priority.Class
+	PriorityName string
+	// GPUHoursPerDay and TokensPerDay are the key's quotas per day
+	// (docs/keys.md); 0 means none.
+	GPUHoursPerDay float64
+	TokensPerDay   int64
+	line           int // in the keys file, for messages
 	// inflight counts the key's requests; a reload hands it to the key of
 	// the same name, so a limit holds across reloads.
 	inflight *atomic.Int64
@@ -57,6 +68,13 @@ type Scope struct {
 // maxKeyConcurrency bounds the concurrency field (a typo such as 1e9 is an
 // error, not "unlimited").
 const maxKeyConcurrency = 100000
+
+// maxGPUHours and maxTokens bound the quota fields (a typo such as 1e12
+// is an error, not "unlimited").
+const (
+	maxGPUHours = 1e6
+	maxTokens   = 1e15
+)
 
 // maxKeysFile bounds an api_keys_file (a million keys fit).
 const maxKeysFile = 64 << 20
@@ -68,13 +86,36 @@ const maxKeysFile = 64 << 20
 //	alice:sk-alice models=llama-*,qwen2.5 concurrency=4
 //	ops:sk-ops role=admin
 //
-// Errors name the file and the line and never contain a key.
-func LoadAPIKeys(path string) (*APIKeys, error) {
+// Errors name the file and the line and never contain a key. A key's
+// priority= must name one of classes ([policy] priorities).
+func LoadAPIKeys(path string, classes priority.Classes) (*APIKeys, error) {
 	data, err := statefile.ReadRegular(path, maxKeysFile)
 	if err != nil {
 		return nil, fmt.Errorf("api keys: %w", err)
 	}
-	return parseAPIKeys(path, data)
+	k, err := parseAPIKeys(path, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := k.resolveClasses(path, classes); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// resolveClasses resolves each key's priority= against classes.
+func (k *APIKeys) resolveClasses(file string, classes priority.Classes) error {
+	for i, s := range k.scopes {
+		if s.PriorityName == "" {
+			continue
+		}
+		c, err := classes.Parse(s.PriorityName)
+		if err != nil {
+			return fmt.Errorf("%s:%d: key %q: priority=%s: %w", file, s.line, k.names[i], s.PriorityName, err)
+		}
+		s.Priority = c
+	}
+	return nil
 }
 
 func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
@@ -109,6 +150,7 @@ func parseAPIKeys(file string, data []byte) (*APIKeys, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s:%d: key %q: %w", file, n, name, err)
 		}
+		scope.line = n
 		if prev, dup := names[name]; dup {
 			return nil, fmt.Errorf("%s:%d: key name %q already used on line %d", file, n, name, prev)
 		}
@@ -139,7 +181,7 @@ func parseScope(name string, fields []string) (*Scope, error) {
 	for _, f := range fields {
 		field, value, ok := strings.Cut(f, "=")
 		if !ok {
-			return nil, errors.New("text after the key that is not a field (want models=, role= or concurrency=; a key cannot contain spaces)")
+			return nil, errors.New("text after the key that is not a field (want " + fieldList + "; a key cannot contain spaces)")
 		}
 		if seen[field] {
 			return nil, fmt.Errorf("field %q given twice", field)
@@ -169,12 +211,40 @@ func parseScope(name string, fields []string) (*Scope, error) {
 				return nil, fmt.Errorf("concurrency=%s: want a whole number from 1 to %d", value, maxKeyConcurrency)
 			}
 			s.Concurrency = c
+		case "priority":
+			s.PriorityName = value
+		case "gpu_hours_per_day":
+			h, err := strconv.ParseFloat(value, 64)
+			if err != nil || !(h > 0 && h <= maxGPUHours) {
+				return nil, fmt.Errorf("gpu_hours_per_day=%s: want a number of GPU hours above 0, at most %g", value, float64(maxGPUHours))
+			}
+			s.GPUHoursPerDay = h
+		case "tokens_per_day":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 1 || n > maxTokens {
+				return nil, fmt.Errorf("tokens_per_day=%s: want a whole number from 1 to %d", value, int64(maxTokens))
+			}
+			s.TokensPerDay = n
 		default:
-			return nil, fmt.Errorf("unknown field %q (want models=, role= or concurrency=)", field)
+			return nil, fmt.Errorf("unknown field %q (want %s)", field, fieldList)
 		}
+	}
+	if s.Role == RoleAdmin && (s.GPUHoursPerDay > 0 || s.TokensPerDay > 0) {
+		return nil, errors.New("an admin key is never limited: gpu_hours_per_day= and tokens_per_day= are for inference keys")
 	}
 	return s, nil
 }
+
+// fieldList names the fields a key may have, for messages.
+const fieldList = "models=, role=, concurrency=, priority=, gpu_hours_per_day= or tokens_per_day="
+
+// Limited reports a key with a quota (an admin key never has one).
+func (s *Scope) Limited() bool {
+	return s != nil && s.Role != RoleAdmin && (s.GPUHoursPerDay > 0 || s.TokensPerDay > 0)
+}
+
+// Scopes lists the keys' scopes, in the file's order.
+func (k *APIKeys) Scopes() []*Scope { return append([]*Scope(nil), k.scopes...) }
 
 // Names lists the keys' names (the client labels).
 func (k *APIKeys) Names() []string { return append([]string(nil), k.names...) }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/priority"
 )
 
 func TestLoadAPIKeys_ParsesNamesAndKeys(t *testing.T) {
@@ -18,7 +19,7 @@ func TestLoadAPIKeys_ParsesNamesAndKeys(t *testing.T) {
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	k, err := LoadAPIKeys(path)
+	k, err := LoadAPIKeys(path, priority.DefaultClasses)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,13 @@ func TestLoadAPIKeys_ErrorsNameFileAndLineButNeverTheKey(t *testing.T) {
 		{"alice:sk-secret\nbob:sk-b concurrency=0\n", "keys:2: key \"bob\": concurrency=0: want a whole number from 1 to 100000"},
 		{"alice:sk-secret concurrency=1e9\n", "keys:1: key \"alice\": concurrency=1e9"},
 		{"alice:sk-secret role=admin role=admin\n", "keys:1: key \"alice\": field \"role\" given twice"},
-		{"alice:sk-secret model=x\n", "keys:1: key \"alice\": unknown field \"model\" (want models=, role= or concurrency=)"},
+		{"alice:sk-secret model=x\n", "keys:1: key \"alice\": unknown field \"model\" (want models=, role=, concurrency=, priority=, gpu_hours_per_day= or tokens_per_day=)"},
+		{"alice:sk-secret gpu_hours_per_day=0\n", "keys:1: key \"alice\": gpu_hours_per_day=0: want a number of GPU hours above 0"},
+		{"alice:sk-secret gpu_hours_per_day=lots\n", "gpu_hours_per_day=lots: want a number"},
+		{"alice:sk-secret gpu_hours_per_day=NaN\n", "gpu_hours_per_day=NaN: want a number"},
+		{"alice:sk-secret tokens_per_day=1.5\n", "keys:1: key \"alice\": tokens_per_day=1.5: want a whole number"},
+		{"alice:sk-secret tokens_per_day=0\n", "tokens_per_day=0: want a whole number"},
+		{"ops:sk-secret role=admin tokens_per_day=5\n", "keys:1: key \"ops\": an admin key is never limited"},
 		{"# only comments\n\n", "keys: no keys"},
 		{"# only comments\n\n", "keys: no keys"},
 	}
@@ -83,7 +90,7 @@ func TestLoadAPIKeys_ErrorsNameFileAndLineButNeverTheKey(t *testing.T) {
 			t.Errorf("%q: error %q reveals a key", c.data, err)
 		}
 	}
-	if _, err := LoadAPIKeys(filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "missing") {
+	if _, err := LoadAPIKeys(filepath.Join(t.TempDir(), "missing"), priority.DefaultClasses); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("missing file: %v", err)
 	}
 }
@@ -214,6 +221,32 @@ func TestLoadAPIKeys_ScopeFields(t *testing.T) {
 	}
 	if !plain.MayUse("anything", "") {
 		t.Error("a key without models= may not use a model")
+	}
+}
+
+// priority= names a class of [policy] priorities, resolved when the file
+// is loaded (an unknown one is an error naming file, line and key); the
+// quota fields are read as written.
+func TestLoadAPIKeys_PriorityAndQuotas(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	data := "ide:sk-1 priority=interactive\nnightly:sk-2 priority=batch gpu_hours_per_day=2.5 tokens_per_day=1000000\nplain:sk-3\n"
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k, err := LoadAPIKeys(path, priority.DefaultClasses)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ide, nightly, plain := k.scope("ide"), k.scope("nightly"), k.scope("plain")
+	if ide.Priority != 1 || nightly.Priority != 3 || plain.Priority != priority.None {
+		t.Errorf("classes %d %d %d, want 1, 3 and none", ide.Priority, nightly.Priority, plain.Priority)
+	}
+	if nightly.GPUHoursPerDay != 2.5 || nightly.TokensPerDay != 1000000 || !nightly.Limited() || ide.Limited() {
+		t.Errorf("nightly %+v", nightly)
+	}
+	_, err = LoadAPIKeys(path, priority.Classes{"high", "low"})
+	if err == nil || !strings.Contains(err.Error(), path+`:1: key "ide": priority=interactive: unknown priority class "interactive" (want one of high, low)`) {
+		t.Errorf("a class not in [policy] priorities: %v", err)
 	}
 }
 

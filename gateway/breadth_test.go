@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/request"
 )
 
@@ -242,6 +243,9 @@ func TestGateway_CORS(t *testing.T) {
 func mustKeys(t *testing.T, lines string) *APIKeys {
 	t.Helper()
 	k, err := parseAPIKeys("keys", []byte(lines))
+	if err == nil {
+		err = k.resolveClasses("keys", priority.DefaultClasses)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

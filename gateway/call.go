@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/request"
 )
 
@@ -40,6 +41,10 @@ const (
 	// HeaderEngineStatus is the engine's own status when napd sends
 	// another: an engine's 503 goes out as 502 with this header at 503.
 	HeaderEngineStatus = "X-Napd-Engine-Status"
+	// HeaderPriority names a class of [policy] priorities: on a request,
+	// the class it asks for (at most its key's); on the answer, the class
+	// it ran in.
+	HeaderPriority = "X-Napd-Priority"
 )
 
 // call is one request on its way through the gateway. The proxy hooks find
@@ -56,8 +61,9 @@ type call struct {
 	admitted  bool
 	wake      time.Duration
 	queueWait time.Duration
-	usage     UsageScanner // token counts of the engine's answer
-	cancelled bool         // the response is not complete (left, deadline, engine error)
+	class     priority.Class // as the model resolved it, once admitted
+	usage     UsageScanner   // token counts of the engine's answer
+	cancelled bool           // the response is not complete (left, deadline, engine error)
 	replayed  bool
 	probe     bool // a balancer's health check: logged at debug whatever it answers
 
@@ -159,6 +165,10 @@ func (c *call) forward(r *http.Request, path, rawPath string, fromBody bool) {
 // known, within its key's concurrency limit. whole is the entire body,
 // for the idempotency key's fingerprint (unused without a key).
 func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key string, whole io.Reader) {
+	asked, ok := c.askedClass(r)
+	if !ok || !c.withinQuota() {
+		return
+	}
 	if c.scope != nil {
 		if !c.scope.acquire() {
 			c.w.Header().Set("Retry-After", "1")
@@ -175,11 +185,54 @@ func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key str
 		Kind:           c.kind,
 		Stream:         c.stream,
 		IdempotencyKey: key,
+		Asked:          asked,
+	}
+	if c.scope != nil {
+		a.Priority = c.scope.Priority
 	}
 	if key != "" {
 		a.Fingerprint = fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, c.model, whole)
 	}
 	c.admit(ctx, r, up, a)
+}
+
+// askedClass reads X-Napd-Priority: the class the request asks for (None
+// when it asks none), or 400 for a name that is no class.
+func (c *call) askedClass(r *http.Request) (priority.Class, bool) {
+	name := headerValue(r.Header, HeaderPriority)
+	if name == "" {
+		return priority.None, true
+	}
+	class, err := c.g.opts.Priorities.Parse(name)
+	if err != nil {
+		c.fail(http.StatusBadRequest, "invalid_priority", HeaderPriority+": "+err.Error())
+		return priority.None, false
+	}
+	return class, true
+}
+
+// withinQuota answers 429 quota_exceeded, with Retry-After at the end of
+// the quota window, to a key whose use today has reached one of its
+// quotas; admin keys have none.
+func (c *call) withinQuota() bool {
+	q := c.g.opts.Quotas
+	if q == nil || !c.scope.Limited() {
+		return true
+	}
+	now := c.g.now()
+	used, end := q.Today(c.client, now)
+	var msg string
+	switch s := c.scope; {
+	case s.GPUHoursPerDay > 0 && used.GPUHours >= s.GPUHoursPerDay:
+		msg = fmt.Sprintf("API key %q has used %.3f GPU hours today, its gpu_hours_per_day=%g", c.client, used.GPUHours, s.GPUHoursPerDay)
+	case s.TokensPerDay > 0 && used.Tokens >= s.TokensPerDay:
+		msg = fmt.Sprintf("API key %q has used %d tokens today, its tokens_per_day=%d", c.client, used.Tokens, s.TokensPerDay)
+	default:
+		return true
+	}
+	setRetryAfter(c.w.Header(), end.Sub(now))
+	c.fail(http.StatusTooManyRequests, "quota_exceeded", msg+"; the quota renews at "+end.Format("2006-01-02 15:04 MST"))
+	return false
 }
 
 // headerValue is h.Get(k) for a canonical k, as every key napd asks for
@@ -425,6 +478,7 @@ func (c *call) admit(ctx context.Context, r *http.Request, up upload, a lease.Re
 		return
 	}
 	c.admitted = true
+	c.class = t.Class
 	c.wake = t.WakeWait
 	c.queueWait = max(c.g.now().Sub(asked)-t.WakeWait, 0)
 	if t.Replay != nil {
@@ -534,9 +588,19 @@ func (c *call) proxy(ctx context.Context, r *http.Request, up upload, t *Ticket,
 
 // upload is a request body on its way to the engine.
 type upload interface {
-	// attach makes it out's body, with its model replaced by served
-	// when served is not "".
-	attach(out *http.Request, served string)
+	// attach makes it out's body, edited by e.
+	attach(out *http.Request, e bodyEdit)
+}
+
+// bodyEdit is what napd changes in a request body on its way to the
+// engine; the zero value changes nothing.
+type bodyEdit struct {
+	// served, when not "", replaces the body's model (served_name).
+	served string
+	// priority is the engine's priority field (engine_priority), set in
+	// a JSON body when setPriority.
+	priority    int
+	setPriority bool
 }
 
 // wholeBody is a body read whole: the JSON routes and pass-through. It is
@@ -551,10 +615,13 @@ type memBody struct{ bytes.Reader }
 
 func (*memBody) Close() error { return nil }
 
-func (w *wholeBody) attach(out *http.Request, served string) {
+func (w *wholeBody) attach(out *http.Request, e bodyEdit) {
 	body := w.b
-	if served != "" {
-		body = setModel(body, served)
+	if e.served != "" {
+		body = setModel(body, e.served)
+	}
+	if e.setPriority {
+		body = setPriority(body, e.priority)
 	}
 	out.ContentLength = int64(len(body))
 	if len(body) == 0 {
@@ -720,6 +787,9 @@ func (c *call) setModelHeaders(h http.Header) {
 	}
 	if c.wake > 0 {
 		h.Set(HeaderWakeMs, strconv.FormatInt(c.wake.Milliseconds(), 10))
+	}
+	if c.class.Set() {
+		h.Set(HeaderPriority, c.g.opts.Priorities.Name(c.class))
 	}
 }
 

@@ -139,7 +139,10 @@ type formUpload struct {
 	length int64 // of the whole body; -1 when unknown
 }
 
-func (u *formUpload) attach(out *http.Request, served string) {
+// attach sets the model field to e.served; a form has no JSON priority
+// field, so e.priority is not sent.
+func (u *formUpload) attach(out *http.Request, e bodyEdit) {
+	served := e.served
 	var parts []io.Reader
 	n := u.length
 	if served == "" {

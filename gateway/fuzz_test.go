@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ func FuzzParseAPIKeys(f *testing.F) {
 	f.Add([]byte(":\n"))
 	f.Add([]byte("a:k models=x*,y? role=admin concurrency=3\nb:j role=inference\n"))
 	f.Add([]byte("a:k models=,\n"))
+	f.Add([]byte("a:k priority=batch gpu_hours_per_day=0.5 tokens_per_day=10\nb:j role=admin priority=x\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		k, err := parseAPIKeys("f", data)
 		if err != nil {
@@ -43,7 +45,9 @@ func FuzzParseAPIKeys(f *testing.F) {
 				t.Errorf("key of %q authenticates as %q, %v", name, got, ok)
 			}
 			s := k.scope(got)
-			if s == nil || (s.Role != RoleInference && s.Role != RoleAdmin) || s.Concurrency < 0 || s.Concurrency > maxKeyConcurrency {
+			if s == nil || (s.Role != RoleInference && s.Role != RoleAdmin) || s.Concurrency < 0 || s.Concurrency > maxKeyConcurrency ||
+				s.GPUHoursPerDay < 0 || s.GPUHoursPerDay > maxGPUHours || s.TokensPerDay < 0 || s.TokensPerDay > maxTokens ||
+				(s.Role == RoleAdmin && s.Limited()) {
 				t.Errorf("key %q has scope %+v", got, s)
 			}
 			for _, p := range s.Models {
@@ -51,6 +55,41 @@ func FuzzParseAPIKeys(f *testing.F) {
 					t.Errorf("key %q: pattern %q", got, p)
 				}
 			}
+		}
+	})
+}
+
+// FuzzSetPriority: a JSON object comes out valid, with every top-level
+// priority napd's and nothing else changed; anything else comes out as it
+// went in.
+func FuzzSetPriority(f *testing.F) {
+	for _, s := range []string{`{}`, ` { } `, `{"model":"m"}`, `{"priority":1,"priority":2}`, `{"x":{"priority":1}}`,
+		`[]`, `null`, `{"a":1} x`, `{"a":"}"}`, "{\"priority\":\"\xff\"}"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		out := setPriority(body, 7)
+		var in map[string]json.RawMessage
+		if _, ok := valueSpans(body, 0, "priority", "", nil); !ok {
+			if !bytes.Equal(out, body) {
+				t.Fatalf("%q is no JSON object, yet came out as %q", body, out)
+			}
+			return
+		}
+		if err := json.Unmarshal(body, &in); err != nil {
+			return // valueSpans is the engines' reading; Unmarshal may differ on odd input
+		}
+		var got map[string]json.RawMessage
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%q came out as %q, not JSON: %v", body, out, err)
+		}
+		if string(got["priority"]) != "7" {
+			t.Fatalf("%q came out with priority %s", body, got["priority"])
+		}
+		delete(in, "priority")
+		delete(got, "priority")
+		if !reflect.DeepEqual(in, got) {
+			t.Fatalf("%q: the other members changed: %q", body, out)
 		}
 	})
 }

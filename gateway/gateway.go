@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/request"
 )
@@ -64,6 +65,12 @@ type Options struct {
 	// ProgressAfter and ProgressEvery time the wake progress of models
 	// that offer it (see Progress); 0 means the defaults.
 	ProgressAfter, ProgressEvery time.Duration
+	// Priorities are [policy] priorities: the classes X-Napd-Priority may
+	// name; nil means priority.DefaultClasses.
+	Priorities priority.Classes
+	// Quotas, when set, is asked for the day's use of a key with a quota
+	// (gpu_hours_per_day=, tokens_per_day=) before each of its requests.
+	Quotas Quotas
 	// SpoolDir holds the part of a multipart upload read before its model
 	// field, beyond what is kept in memory, in unnamed files; "" means
 	// os.TempDir() (private to napd under its unit's PrivateTmp=).
@@ -149,6 +156,9 @@ func New(opts Options, models Models) *Gateway {
 	}
 	if g.opts.BodyTimeout <= 0 {
 		g.opts.BodyTimeout = DefaultBodyTimeout
+	}
+	if g.opts.Priorities == nil {
+		g.opts.Priorities = priority.DefaultClasses
 	}
 	g.rules = pathrule.New(opts.UpstreamDeny, opts.UpstreamAllow)
 	g.created = g.now().Unix()

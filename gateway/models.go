@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/priority"
 )
 
 // Models is what the gateway asks of napd's model layer. The agent implements
@@ -43,6 +44,12 @@ type Ticket struct {
 	ServedName string
 	// WakeWait is how long this request waited for a wake (0 when none).
 	WakeWait time.Duration
+	// Class is the request's priority class as the model resolved it
+	// (None when the model layer has none), sent back in X-Napd-Priority.
+	// EnginePriority: the engine honours a `priority` field, which the
+	// gateway sets in a JSON body to Class.Engine().
+	Class          priority.Class
+	EnginePriority bool
 	// Replay is a stored response for a finished request with the same key.
 	Replay *lease.Stored
 	// Done releases the lease. It must be called exactly once.
@@ -79,6 +86,20 @@ type ModelInfo struct {
 	// WaitingFor ("" when it does not wait).
 	RoomWaiting int
 	WaitingFor  string
+}
+
+// Quotas is what the gateway asks of napd's accounting about a key with a
+// quota (docs/keys.md#quotas).
+type Quotas interface {
+	// Today is what the named key used in the quota window holding now
+	// (the host's day), and when that window ends.
+	Today(client string, now time.Time) (Use, time.Time)
+}
+
+// Use is a key's use of the box in a quota window.
+type Use struct {
+	GPUHours float64 // GPU memory held on its behalf, in whole-GPU hours
+	Tokens   int64   // prompt and completion tokens
 }
 
 // Refusal is a request the model cannot take: the gateway answers Status

@@ -74,6 +74,7 @@ func (c *call) rewrite(pr *httputil.ProxyRequest) {
 	// so the client's Expect was answered by napd.
 	h.Del("Cookie")
 	h.Del("Expect")
+	h.Del(HeaderPriority) // napd's: the engine's own field is engine_priority's
 	if c.g.opts.APIKeys != nil {
 		// napd's key is for napd, never for the engine.
 		h.Del("Authorization")
@@ -84,7 +85,11 @@ func (c *call) rewrite(pr *httputil.ProxyRequest) {
 		h.Del("Accept-Encoding")
 	}
 	out.TransferEncoding = nil
-	c.up.attach(out, served)
+	e := bodyEdit{served: served}
+	if c.ticket.EnginePriority && c.ticket.Class.Set() {
+		e.priority, e.setPriority = c.ticket.Class.Engine(), true
+	}
+	c.up.attach(out, e)
 }
 
 // answer prepares the engine's answer for the client (ReverseProxy's
@@ -474,7 +479,7 @@ func (w *recorder) stored() *lease.Stored {
 var perReply = []string{
 	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-	HeaderQueueDepth, HeaderWakeMs, HeaderReplayed,
+	HeaderQueueDepth, HeaderWakeMs, HeaderReplayed, HeaderPriority,
 }
 
 func storedHeader(h http.Header) http.Header {

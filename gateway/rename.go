@@ -85,12 +85,35 @@ func jsonString(s string) []byte {
 
 // setModel sets every top-level "model" of a JSON request body to served.
 func setModel(body []byte, served string) []byte {
-	spans, ok := valueSpans(body, 0, "model", "", nil)
-	if !ok || len(spans) == 0 {
+	return setField(body, "model", jsonString(served), false)
+}
+
+// setPriority sets every top-level "priority" of a JSON request body to
+// p, adding one when there is none: the engine sees napd's, never the
+// client's (engine_priority).
+func setPriority(body []byte, p int) []byte {
+	return setField(body, "priority", strconv.AppendInt(nil, int64(p), 10), true)
+}
+
+// setField replaces the value of every top-level key of the JSON object
+// body with value (JSON text) or, when there is none and add is set,
+// adds the key first in the object. A body that is not a JSON object is
+// left as it is.
+func setField(body []byte, key string, value []byte, add bool) []byte {
+	spans, ok := valueSpans(body, 0, key, "", nil)
+	switch {
+	case !ok, len(spans) == 0 && !add:
 		return body
+	case len(spans) > 0:
+		return splice(body, spans, func([]byte) []byte { return value })
 	}
-	q := jsonString(served)
-	return splice(body, spans, func([]byte) []byte { return q })
+	open := bytes.IndexByte(body, '{') + 1 // a JSON object: found
+	member := append(append(jsonString(key), ':'), value...)
+	if rest := bytes.TrimLeft(body[open:], " \t\r\n"); rest[0] != '}' {
+		member = append(member, ',')
+	}
+	out := make([]byte, 0, len(body)+len(member))
+	return append(append(append(out, body[:open]...), member...), body[open:]...)
 }
 
 // mapModel replaces the answer's model (top level, or in "message") when

@@ -150,6 +150,15 @@ func TestParse_Errors(t *testing.T) {
 		{"keep_awake type", "[models.a]\n" + minimal + "keep_awake = \"Mon 08:00..09:00\"\n", 3, "models.a.keep_awake", "want an array of strings"},
 		{"max_awake per model", "[models.a]\n" + minimal + "max_awake = 2\n", 3, "models.a.max_awake", "unknown key"},
 		{"max_awake negative", "[policy]\nmax_awake = -1\n", 2, "policy.max_awake", "out of range"},
+		{"priorities empty", "[policy]\npriorities = []\n", 2, "policy.priorities", "want 1 to 16"},
+		{"priorities twice", "[policy]\npriorities = [\"a\", \"a\"]\n", 2, "policy.priorities", "listed twice"},
+		{"priorities per model", "[models.a]\n" + minimal + "priorities = [\"a\"]\n", 3, "models.a.priorities", "unknown key"},
+		{"priority_age zero", "[policy]\npriority_age = \"0\"\n", 2, "policy.priority_age", "greater than 0"},
+		{"priority_yield_after class", "[policy]\npriority_yield_after = { bulk = \"5s\" }\n", 2, "policy.priority_yield_after", `unknown priority class "bulk"`},
+		{"priority_yield_after value", "[policy]\npriority_yield_after = { batch = 5 }\n", 2, "policy.priority_yield_after", "batch: want a duration string"},
+		{"model priority class", "[models.a]\n" + minimal + "priority = \"urgent\"\n", 3, "models.a.priority", "want one of interactive, default, batch"},
+		{"model priority of own list", "[policy]\npriorities = [\"hi\", \"lo\"]\n[models.a]\n" + minimal + "priority = \"batch\"\n", 5, "models.a.priority", "want one of hi, lo"},
+		{"engine_priority type", "[models.a]\n" + minimal + "engine_priority = \"yes\"\n", 3, "models.a.engine_priority", "want a boolean"},
 		{"gpus word", "[models.a]\n" + minimal + "gpus = \"all\"\n", 3, "models.a.gpus", `"any" or { count = N }`},
 		{"gpus count zero", "[models.a]\n" + minimal + "gpus = { count = 0 }\n", 3, "models.a.gpus", "out of range"},
 		{"gpus count type", "[models.a]\n" + minimal + "gpus = { count = \"2\" }\n", 3, "models.a.gpus", "want an integer"},
@@ -320,6 +329,8 @@ yield_after = "0"
 wake_progress = true
 deep_sleep = "stop"
 deep_sleep_after = "30m"
+priority = "batch"
+engine_priority = true
 
 [models.alpha]
 unit = "alpha.service"
@@ -339,6 +350,7 @@ port = 8102
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
 		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,
 		DeepSleep: sleepmode.Stop, DeepSleepAfter: 30 * time.Minute,
+		Priority: 3, EnginePriority: true, PriorityAge: time.Minute,
 	}
 	if !reflect.DeepEqual(cfg.Models[0], want) {
 		t.Errorf("zeta =\n%+v\nwant\n%+v", cfg.Models[0], want)

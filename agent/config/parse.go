@@ -15,6 +15,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/gateway/pathrule"
 	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
@@ -84,6 +85,9 @@ func Default() *Config {
 			FairShare:            FairShareAuto,
 			DeepSleep:            sleepmode.None,
 			DeepSleepAfter:       time.Hour,
+			Priorities:           priority.DefaultClasses,
+			PriorityAge:          time.Minute,
+			PriorityYieldAfter:   map[string]time.Duration{},
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -560,6 +564,9 @@ func policySchema(p *Policy) map[string]setter {
 func policyTableSchema(p *Policy) map[string]setter {
 	schema := policySchema(p)
 	schema["max_awake"] = setInt(&p.MaxAwake, 0, 1<<20)
+	schema["priorities"] = setClasses(&p.Priorities)
+	schema["priority_age"] = setDuration(&p.PriorityAge, false)
+	schema["priority_yield_after"] = setDurations(&p.PriorityYieldAfter)
 	return schema
 }
 
@@ -600,6 +607,8 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"wake_progress":     setBool(&m.WakeProgress),
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
+		"priority":          setClass(&m.Priority, &pol.Priorities),
+		"engine_priority":   setBool(&m.EnginePriority),
 	})
 	maps.Copy(schema, containerSchema(m))
 	return schema
@@ -652,11 +661,13 @@ func (d *decoder) resolveModels() {
 		}
 		d.record(t, hostSchema(cfg, name), nil)
 	}
+	d.checkPriorities()
 	d.checkTemplates()
 	for _, own := range d.models {
 		name := own.path[len(own.path)-1]
 		mt, tmpls, vars := d.withTemplates(own)
 		m, pol := newModel(name), cfg.Policy
+		m.Priority = cfg.Policy.Priorities.Default()
 		schema := modelSchema(m, &pol)
 		d.substitute(mt, name, vars)
 		d.fields(mt, withMeta(schema))
@@ -664,6 +675,7 @@ func (d *decoder) resolveModels() {
 		d.checkContainer(m, mt, cfg.Agent)
 		// [gateway] is decoded before the models.
 		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
+		m.PriorityAge = cfg.Policy.PriorityAge
 		d.checkModel(m, mt)
 		d.decls = append(d.decls, decl{m, mt})
 		d.record(mt, schema, tmpls)
@@ -811,6 +823,18 @@ func (d *decoder) checkUnique(decls []decl, cfg *Config) {
 			if owner, ok := listenPort[m.Port]; ok {
 				d.addAt(at, fmt.Sprintf("port %d is napd's own: %s listens on it", m.Port, owner))
 			}
+		}
+	}
+}
+
+// checkPriorities checks that [policy] priority_yield_after names classes
+// of [policy] priorities (the keys of a table are decoded in no order, so
+// not before both are).
+func (d *decoder) checkPriorities() {
+	pol := d.cfg.Policy
+	for _, name := range slices.Sorted(maps.Keys(pol.PriorityYieldAfter)) {
+		if _, err := pol.Priorities.Parse(name); err != nil {
+			d.addAt(d.tables["policy"].at("priority_yield_after"), err.Error())
 		}
 	}
 }

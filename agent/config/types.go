@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -143,6 +144,16 @@ type Policy struct {
 	// the least recently used idle one makes room for a new wake. Only in
 	// [policy].
 	MaxAwake int
+
+	// Priority classes (docs/scheduling.md), only in [policy]: their
+	// names, highest first; how long a queued request waits to count as
+	// one class higher (the starvation bound); and how soon a busy model
+	// serving only a class yields to a waiting model of a higher class,
+	// by class name (a class not listed yields after the model's
+	// yield_after).
+	Priorities         priority.Classes
+	PriorityAge        time.Duration
+	PriorityYieldAfter map[string]time.Duration
 }
 
 // Values of policy.fair_share.
@@ -205,6 +216,16 @@ type Model struct {
 	// FairShare: the queue admits round-robin by client label rather than
 	// by arrival (policy.fair_share, "auto" resolved against the keys).
 	FairShare bool
+
+	// Priority is the class of the model's requests whose key has none
+	// (and of every request when keys are off). EnginePriority: the
+	// engine honours a request's own priority field (vLLM started with
+	// --scheduling-policy priority), which napd sets from the class.
+	Priority       priority.Class
+	EnginePriority bool
+	// PriorityAge is [policy] priority_age: a queued request counts as
+	// one class higher per PriorityAge waited.
+	PriorityAge time.Duration
 
 	// WakeProgress: a streaming request that waits for this model's wake
 	// gets its 200 headers early and SSE comments until the first token.

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/napd/napd/agent/priority"
 )
 
 // Size units accepted by ParseSize. Only binary units: "GB" is ambiguous
@@ -624,4 +626,64 @@ func validModelName(name string) error {
 		return fmt.Errorf("model name %q is not allowed (want [a-z0-9][a-z0-9._-]*, at most 64 characters)", name)
 	}
 	return nil
+}
+
+// setClasses decodes [policy] priorities: class names, highest first.
+func setClasses(dst *priority.Classes) setter {
+	var names []string
+	decode := setStrings(&names, nil)
+	return setter{get: func() any { return nonNil(*dst) }, set: func(raw any) error {
+		if err := decode.set(raw); err != nil {
+			return err
+		}
+		if err := priority.Classes(names).Check(); err != nil {
+			return err
+		}
+		*dst = names
+		return nil
+	}}
+}
+
+// setClass decodes a class name of classes (a model's priority).
+func setClass(dst *priority.Class, classes *priority.Classes) setter {
+	return setter{get: func() any { return classes.Name(*dst) }, set: func(raw any) error {
+		s, ok := raw.(string)
+		if !ok {
+			return wantType("a class name of [policy] priorities", raw)
+		}
+		c, err := classes.Parse(s)
+		if err != nil {
+			return err
+		}
+		*dst = c
+		return nil
+	}}
+}
+
+// setDurations decodes a table of durations ("0" allowed) by name; the
+// names are checked by the caller.
+func setDurations(dst *map[string]time.Duration) setter {
+	get := func() any {
+		out := make(map[string]any, len(*dst))
+		for k, d := range *dst {
+			out[k] = formatDuration(d)
+		}
+		return out
+	}
+	return setter{get: get, set: func(raw any) error {
+		tbl, ok := raw.(map[string]any)
+		if !ok {
+			return wantType(`a table of durations, e.g. { batch = "5s" }`, raw)
+		}
+		out := make(map[string]time.Duration, len(tbl))
+		for k, v := range tbl {
+			var d time.Duration
+			if err := setDuration(&d, true).set(v); err != nil {
+				return fmt.Errorf("%s: %w", k, err)
+			}
+			out[k] = d
+		}
+		*dst = out
+		return nil
+	}}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // Client talks to a running napd over its control socket.
@@ -99,6 +100,21 @@ func (c *Client) Logs(ctx context.Context, model string, lines int) ([]string, e
 		return nil, fmt.Errorf("logs: %w", err)
 	}
 	return l.Lines, nil
+}
+
+// Usage is each key's use of each model in the whole hours since since
+// ago.
+func (c *Client) Usage(ctx context.Context, since time.Duration) (Usage, error) {
+	var u Usage
+	resp, err := c.do(ctx, http.MethodGet, "/v1/usage?since="+url.QueryEscape(since.String()))
+	if err != nil {
+		return u, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
+		return u, fmt.Errorf("usage: %w", err)
+	}
+	return u, nil
 }
 
 // Reload asks napd to re-read its config file.

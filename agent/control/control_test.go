@@ -26,6 +26,11 @@ type fakeController struct {
 	events  chan Event
 }
 
+// Usage answers the window asked for, with one row.
+func (f *fakeController) Usage(since time.Duration) Usage {
+	return Usage{Since: time.Unix(0, 0).Add(since), Rows: []UsageRow{{Key: "alice", Model: "m", GPUHours: 1.5, Wakes: 2}}}
+}
+
 func (f *fakeController) Status() Status {
 	return Status{Version: "test", Supervisor: "exec", Models: []ModelStatus{{Name: "m", State: "sleeping", Leases: 2}}}
 }
@@ -318,5 +323,21 @@ func TestAdminHandler_RoutesAndSSE(t *testing.T) {
 	var ev Event
 	if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[1], "data: ")), &ev); err != nil || ev.To != "waking" {
 		t.Errorf("first event %+v, %v", ev, err)
+	}
+}
+
+// GET /v1/usage: ?since= within what napd keeps, 24h by default; a bad
+// window is a 400 that says what is wanted.
+func TestUsage(t *testing.T) {
+	c := serve(t, &fakeController{})
+	ctx := context.Background()
+	u, err := c.Usage(ctx, 3*time.Hour)
+	if err != nil || !u.Since.Equal(time.Unix(0, 0).Add(3*time.Hour)) || len(u.Rows) != 1 || u.Rows[0].GPUHours != 1.5 {
+		t.Fatalf("usage: %+v %v", u, err)
+	}
+	for _, bad := range []time.Duration{-time.Hour, 8 * 24 * time.Hour} {
+		if _, err := c.Usage(ctx, bad); err == nil || !strings.Contains(err.Error(), "want a duration from 1s to 168h0m0s") {
+			t.Errorf("since %s: %v", bad, err)
+		}
 	}
 }

@@ -97,8 +97,8 @@ func Handler(c Controller, log *slog.Logger) http.Handler {
 const AdminPrefix = "/napd"
 
 // AdminHandler serves the part of the control API the gateway offers
-// admins over HTTP, under AdminPrefix: status, wake, sleep, reset and
-// events, the latter as Server-Sent Events. Engine logs (which may hold
+// admins over HTTP, under AdminPrefix: status, wake, sleep, reset, usage
+// and events, the latter as Server-Sent Events. Engine logs (which may hold
 // prompts) and reload stay on the Unix socket. The caller authorises.
 func AdminHandler(c Controller, log *slog.Logger) http.Handler {
 	s := newServer(c, log)
@@ -122,6 +122,7 @@ func (s *server) register(mux *http.ServeMux, prefix string) {
 	mux.HandleFunc("POST "+prefix+"/v1/models/{model}/sleep", s.sleep)
 	mux.HandleFunc("POST "+prefix+"/v1/models/{model}/reset", s.reset)
 	mux.HandleFunc("GET "+prefix+"/v1/events", s.events)
+	mux.HandleFunc("GET "+prefix+"/v1/usage", s.usage)
 }
 
 type server struct {
@@ -201,6 +202,20 @@ func (s *server) logs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, Logs{Lines: lines})
+}
+
+// usage serves ?since=DURATION (default 24h, at most MaxUsageSince).
+func (s *server) usage(w http.ResponseWriter, r *http.Request) {
+	since := 24 * time.Hour
+	if v := r.URL.Query().Get("since"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > MaxUsageSince {
+			writeJSON(w, http.StatusBadRequest, Error{fmt.Sprintf("since=%s: want a duration from 1s to %s, e.g. 24h", v, MaxUsageSince)})
+			return
+		}
+		since = d
+	}
+	writeJSON(w, http.StatusOK, s.c.Usage(since))
 }
 
 func (s *server) reload(w http.ResponseWriter, _ *http.Request) {

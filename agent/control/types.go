@@ -11,9 +11,10 @@
 //	GET  /v1/models/{model}/logs         ?lines=N: the engine's last output lines
 //	GET  /v1/events                      NDJSON stream of Event
 //	POST /v1/reload                      reload the config file (as SIGHUP)
+//	GET  /v1/usage                       ?since=24h: Usage, GPU time and more per key
 //
-// The gateway serves status, wake, sleep, reset and events (as SSE) to
-// admins under /napd/v1/… (AdminHandler).
+// The gateway serves status, wake, sleep, reset, usage and events (as
+// SSE) to admins under /napd/v1/… (AdminHandler).
 //
 // It owns the wire format of the control API and its handlers; the state it
 // reports belongs to the Controller. It must not keep model state of its own
@@ -34,7 +35,46 @@ type Status struct {
 	Models     []ModelStatus `json:"models"`
 	Host       HostMemory    `json:"host"`
 	GPUs       []GPUMemory   `json:"gpus,omitempty"`
+	// Usage is each key's use of each model in the last 24 hours (see
+	// Usage); Quotas the day's use of the keys with a quota.
+	Usage  []UsageRow `json:"usage,omitempty"`
+	Quotas []Quota    `json:"quotas,omitempty"`
 }
+
+// Usage is what each key's requests used of each model in the whole hours
+// from Since (docs/keys.md#gpu-time).
+type Usage struct {
+	Since  time.Time  `json:"since"`
+	Rows   []UsageRow `json:"rows"`
+	Quotas []Quota    `json:"quotas,omitempty"`
+}
+
+// UsageRow is one key's use of one model.
+type UsageRow struct {
+	Key   string `json:"key"`
+	Model string `json:"model"`
+	// GPUByteSeconds is the GPU memory held on the key's behalf,
+	// integrated; GPUHours the same as whole GPUs.
+	GPUByteSeconds   float64 `json:"gpu_byte_seconds"`
+	GPUHours         float64 `json:"gpu_hours"`
+	Wakes            int64   `json:"wakes"` // wakes the key's requests started
+	Swaps            int64   `json:"swaps"` // of those, wakes that waited for others' memory
+	PromptTokens     int64   `json:"prompt_tokens"`
+	CompletionTokens int64   `json:"completion_tokens"`
+}
+
+// Quota is a key's use today against its quotas (0: none of that kind).
+type Quota struct {
+	Key            string    `json:"key"`
+	GPUHours       float64   `json:"gpu_hours"`
+	GPUHoursPerDay float64   `json:"gpu_hours_per_day,omitempty"`
+	Tokens         int64     `json:"tokens"`
+	TokensPerDay   int64     `json:"tokens_per_day,omitempty"`
+	Renews         time.Time `json:"renews"` // the end of the day
+}
+
+// MaxUsageSince is the longest ?since= of /v1/usage: the hours napd keeps.
+const MaxUsageSince = 7 * 24 * time.Hour
 
 // ModelStatus is one model's row.
 type ModelStatus struct {
@@ -157,6 +197,9 @@ type Controller interface {
 	Logs(model string, lines int) ([]string, error)
 	// Subscribe streams events until cancel is called.
 	Subscribe() (events <-chan Event, cancel func())
+	// Usage is each key's use of each model in the whole hours since
+	// since ago (at most MaxUsageSince).
+	Usage(since time.Duration) Usage
 }
 
 // Logs is the body of a logs reply.

@@ -31,6 +31,7 @@
 package lease
 
 import (
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/request"
 
 	"fmt"
@@ -69,6 +70,10 @@ type Request struct {
 	// method, path, model and body). The same key with another fingerprint
 	// is Conflict, never a join or a replay of someone else's answer.
 	Fingerprint string
+	// Priority is the API key's class (None: the model's default) and
+	// Asked the class the request asked for (X-Napd-Priority; None: not
+	// asked): the model resolves its class from them (priority.Resolve).
+	Priority, Asked priority.Class
 }
 
 // Stored is a finished response kept for replays. The Tracker hands out the

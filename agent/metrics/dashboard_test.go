@@ -125,6 +125,7 @@ func everyFamily(t *testing.T) map[string]*dto.MetricFamily {
 			Models:        []Model{{Name: "a", State: lifecycle.Awake, EngineBytes: 1, GPUBytes: map[string]int64{"0": 1}}},
 			GPUs:          []GPU{{Index: "0", Total: 2, Used: 1}},
 			HostAvailable: 1, HavePSI: true,
+			Usage: []KeyUsage{{Key: "c", Model: "a", ByteSeconds: 1, Wakes: 1, Swaps: 1}},
 		}
 	})
 	m.Request(gateway.Observation{Model: "a", Client: "c", Kind: request.Chat, Status: 200, Admitted: true,

@@ -44,6 +44,16 @@ type Snapshot struct {
 	HostAvailable int64 // <0 = not measured
 	PSISomeAvg10  float64
 	HavePSI       bool
+	// Usage is each key's use of each model since the usage ledger began
+	// (agent/usage: it survives restarts).
+	Usage []KeyUsage
+}
+
+// KeyUsage is one key's use of one model, in total.
+type KeyUsage struct {
+	Key, Model   string
+	ByteSeconds  float64
+	Wakes, Swaps int64
 }
 
 // Metrics holds napd's collectors.
@@ -237,6 +247,12 @@ var (
 		"Host MemAvailable.", nil, nil)
 	descPSI = prometheus.NewDesc("napd_memory_pressure_some_avg10",
 		"Memory PSI 'some' avg10 (percent).", nil, nil)
+	descByteSeconds = prometheus.NewDesc("napd_gpu_byte_seconds_total",
+		"GPU memory held on a key's behalf, integrated over time: the model's measured footprint times the key's share of its requests in flight (docs/keys.md#gpu-time). Kept across restarts.", []string{"key", "model"}, nil)
+	descWakesCaused = prometheus.NewDesc("napd_wakes_caused_total",
+		"Wakes of a model that a key's request started. Kept across restarts.", []string{"key", "model"}, nil)
+	descSwapsCaused = prometheus.NewDesc("napd_swaps_caused_total",
+		"Of those, wakes that waited for other models to give GPU memory back. Kept across restarts.", []string{"key", "model"}, nil)
 )
 
 // gauges is the scrape-time collector over the agent's snapshot.
@@ -244,7 +260,7 @@ type gauges Metrics
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descQueue, descLeases, descEngineMem,
-		descModelGPU, descGPUTotal, descGPUUsed, descHostAvail, descPSI} {
+		descModelGPU, descGPUTotal, descGPUUsed, descHostAvail, descPSI, descByteSeconds, descWakesCaused, descSwapsCaused} {
 		ch <- d
 	}
 }
@@ -279,6 +295,15 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	if s.HavePSI {
 		ch <- prometheus.MustNewConstMetric(descPSI, prometheus.GaugeValue, s.PSISomeAvg10)
+	}
+	for _, u := range s.Usage {
+		// A key removed from the keys file has no series (its figures
+		// stay in the ledger, for napctl usage).
+		if key := (*Metrics)(g).client(u.Key); key == u.Key {
+			ch <- prometheus.MustNewConstMetric(descByteSeconds, prometheus.CounterValue, u.ByteSeconds, u.Key, u.Model)
+			ch <- prometheus.MustNewConstMetric(descWakesCaused, prometheus.CounterValue, float64(u.Wakes), u.Key, u.Model)
+			ch <- prometheus.MustNewConstMetric(descSwapsCaused, prometheus.CounterValue, float64(u.Swaps), u.Key, u.Model)
+		}
 	}
 }
 

@@ -178,3 +178,25 @@ func BenchmarkRequest(b *testing.B) {
 		m.Request(o)
 	}
 }
+
+// The usage ledger's totals are counters by key and model; a key the
+// keys file no longer has has none.
+func TestMetrics_UsageByKey(t *testing.T) {
+	m := New(func() Snapshot {
+		return Snapshot{HostAvailable: -1, Usage: []KeyUsage{
+			{Key: "alice", Model: "a", ByteSeconds: 3 << 30, Wakes: 2, Swaps: 1},
+			{Key: "gone", Model: "a", ByteSeconds: 1, Wakes: 1},
+		}}
+	})
+	m.SetClients([]string{"alice"})
+	fams := scrape(t, m)
+	for name, want := range map[string]float64{"napd_gpu_byte_seconds_total": 3 << 30, "napd_wakes_caused_total": 2, "napd_swaps_caused_total": 1} {
+		f := fams[name]
+		if f == nil || len(f.GetMetric()) != 1 {
+			t.Fatalf("%s: %v, want one series (alice's)", name, f)
+		}
+		if v, ok := value(f, map[string]string{"key": "alice", "model": "a"}); !ok || v != want || f.GetType().String() != "COUNTER" {
+			t.Errorf("%s{key=alice} = %v (%s), want counter %v", name, v, f.GetType(), want)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/gateway"
 )
 
@@ -20,15 +21,18 @@ import (
 // more than the waiter. The loop owns every field but those marked
 // otherwise.
 type waiter struct {
-	m         *Model
-	id        lease.ID
-	client    string // the API key's name: whose turn it is, under fair_share
-	arrived   time.Time
-	deadline  time.Time // the request's deadline; zero = none
-	granted   bool
-	grantedAt time.Time
-	woke      bool      // it waited for a wake
-	inst      *instance // the engine instance it was granted to
+	m      *Model
+	id     lease.ID
+	client string // the API key's name: whose turn it is, under fair_share
+	// class is the request's priority class, resolved on arrival from its
+	// key's class and the one it asked for (keyClass, asked).
+	class, keyClass, asked priority.Class
+	arrived                time.Time
+	deadline               time.Time // the request's deadline; zero = none
+	granted                bool
+	grantedAt              time.Time
+	woke                   bool      // it waited for a wake
+	inst                   *instance // the engine instance it was granted to
 	// reply carries the loop's answer when the request waits for it
 	// (buffered 1: the loop never blocks on it). It is made only then: an
 	// answer given while the request's own goroutine runs its arrival
@@ -69,13 +73,21 @@ type grant struct {
 	inst     *instance
 	wakeWait time.Duration
 	served   string // the model's served_name when granted
+	class    priority.Class
+	engine   bool // engine_priority when granted
+}
+
+// ticket is the gateway's ticket for grant g (without Done and Reroute).
+func (g grant) ticket() gateway.Ticket {
+	return gateway.Ticket{Target: g.inst.target, Transport: g.inst.tr, WakeWait: g.wakeWait, ServedName: g.served,
+		Class: g.class, EnginePriority: g.engine}
 }
 
 // ticket is the gateway's ticket for grant g of w.
 func (m *Model) ticket(w *waiter, g grant) *gateway.Ticket {
-	t := &gateway.Ticket{Target: g.inst.target, Transport: g.inst.tr, WakeWait: g.wakeWait, ServedName: g.served}
+	t := g.ticket()
 	t.Reroute = func(ctx context.Context) (*gateway.Ticket, error) { return m.reroute(ctx, w, g.inst) }
-	return t
+	return &t
 }
 
 // Admit takes a lease and waits for a slot; see gateway.Models.Admit. It
@@ -107,7 +119,7 @@ func (m *Model) Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, 
 			return nil, ctx.Err()
 		}
 	}
-	w := &waiter{m: m, id: adm.ID, client: req.Client, arrived: now}
+	w := &waiter{m: m, id: adm.ID, client: req.Client, keyClass: req.Priority, asked: req.Asked, arrived: now}
 	w.deadline, _ = ctx.Deadline()
 	if !m.inlineFor(w, arrival) {
 		m.end(w, cancelled)
@@ -123,8 +135,8 @@ func (m *Model) Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, 
 	}
 	w.first = g.inst
 	t := &w.ticket
-	*t = gateway.Ticket{Target: g.inst.target, Transport: g.inst.tr, WakeWait: g.wakeWait, ServedName: g.served,
-		Done: w.Done, Reroute: w.Reroute}
+	*t = g.ticket()
+	t.Done, t.Reroute = w.Done, w.Reroute
 	return t, nil
 }
 
@@ -206,8 +218,7 @@ func (m *Model) end(w *waiter, o gateway.Outcome) {
 func ending(w *waiter) {
 	m, now := w.m, w.endedAt
 	if w.granted {
-		w.granted = false
-		m.active--
+		m.release(w, now)
 		m.requests.Add(now.Sub(w.grantedAt))
 		m.learn()
 	}
@@ -239,6 +250,7 @@ func keyReused() *gateway.Refusal {
 // ---- on the loop ----
 
 func (m *Model) arrive(w *waiter) {
+	w.class = priority.Resolve(w.keyClass, w.asked, m.cfg.Priority)
 	if m.retiring {
 		w.tell(grant{err: m.removed()})
 		return
@@ -322,35 +334,33 @@ func (m *Model) dispatch() {
 	}
 }
 
-// nextQueued is the index of the queued request to admit next: the oldest
-// one or, under fair_share, the oldest one of the client whose turn it is.
-// Clients take turns in the order of their names, each after the client
-// granted last, so a burst from one client waits its turn between the
-// requests of the others instead of ahead of them.
+// nextQueued is the index of the queued request to admit next: the
+// highest class (aged by priority_age) first; within it the oldest or,
+// under fair_share, the oldest of the client whose turn it is
+// (priority.Pick).
 func (m *Model) nextQueued() int {
-	if !m.cfg.FairShare {
-		return 0
-	}
-	after, first := -1, 0
-	for i, w := range m.queue {
-		if w.client > m.turn && (after < 0 || w.client < m.queue[after].client) {
-			after = i
-		}
-		if w.client < m.queue[first].client {
-			first = i
-		}
-	}
-	if after >= 0 {
-		return after
-	}
-	return first // every queued client comes before the last one: a new round
+	return priority.Pick(len(m.queue), m.queued, m.now(), m.cfg.PriorityAge, m.cfg.FairShare, m.turn)
+}
+
+// queued is the i-th queued request as priority.Pick sees it.
+func (m *Model) queued(i int) priority.Queued {
+	w := m.queue[i]
+	return priority.Queued{Class: w.class, Arrived: w.arrived, Client: w.client}
 }
 
 func (m *Model) grant(w *waiter) {
 	w.granted, w.grantedAt, w.inst = true, m.now(), m.eng
+	if m.active == 0 {
+		m.recent = w.class // a busy period begins
+	}
+	m.recent = priority.Best(m.recent, w.class)
 	m.active++
+	m.activeBy[w.class]++
 	m.turn = w.client
-	g := grant{inst: m.eng, served: m.cfg.ServedName}
+	if m.d.Usage != nil {
+		m.d.Usage.Begin(w.grantedAt, m.name, w.client)
+	}
+	g := grant{inst: m.eng, served: m.cfg.ServedName, class: w.class, engine: m.cfg.EnginePriority}
 	if w.woke {
 		g.wakeWait = m.now().Sub(w.arrived)
 	}
@@ -364,8 +374,7 @@ func (m *Model) grant(w *waiter) {
 // the queue, for the next instance.
 func (m *Model) unreached(w *waiter, inst *instance) {
 	if w.granted {
-		w.granted = false
-		m.active--
+		m.release(w, m.now())
 	}
 	w.woke = true
 	m.queue = append([]*waiter{w}, m.queue...)
@@ -389,6 +398,28 @@ func (m *Model) unreached(w *waiter, inst *instance) {
 	}
 	m.apply(d, nil)
 	m.publish()
+}
+
+// release gives back the slot of granted w at now: the engine holds no
+// more memory on its behalf.
+func (m *Model) release(w *waiter, now time.Time) {
+	w.granted = false
+	m.active--
+	m.activeBy[w.class]--
+	if m.d.Usage != nil {
+		m.d.Usage.End(now, m.name, w.client)
+	}
+}
+
+// serving is the highest class among the requests in flight; None when
+// none is.
+func (m *Model) serving() priority.Class {
+	for c := range m.activeBy {
+		if c > 0 && m.activeBy[c] > 0 {
+			return priority.Class(c)
+		}
+	}
+	return priority.None
 }
 
 // refuseQueue refuses every queued request with err.

@@ -31,6 +31,7 @@ func (m *Model) apply(d lifecycle.Decision, w *waiter) {
 		if w != nil {
 			m.enqueue(w, true)
 		}
+		m.noteWakeCause(w, d.Attempt)
 		m.startWake(d.Op, d.Attempt)
 	case lifecycle.Refuse:
 		if w != nil {
@@ -57,6 +58,26 @@ func (m *Model) apply(d lifecycle.Decision, w *waiter) {
 	m.noteState()
 }
 
+// noteWakeCause accounts a wake's first attempt to the key of the request
+// that started it: w, else the oldest queued (a retry after an engine
+// refused a connection).
+func (m *Model) noteWakeCause(w *waiter, attempt int) {
+	if attempt != 1 {
+		return
+	}
+	switch {
+	case w != nil:
+		m.wakeCause = w.client
+	case len(m.queue) > 0:
+		m.wakeCause = m.queue[0].client
+	default:
+		m.wakeCause = ""
+	}
+	if m.d.Usage != nil {
+		m.d.Usage.Woke(m.now(), m.name, m.wakeCause)
+	}
+}
+
 // startWake runs one wake attempt off the loop and reports back with op.
 // It first waits for GPU memory (MakeRoom), bounded by the waiting
 // requests' deadlines and cancelled with the wake; wake_timeout counts
@@ -69,12 +90,15 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	verify := m.eng.link.Verify()
 	stale := m.stale
 	m.stale, m.clearing = false, stale
+	cause := m.wakeCause
 	m.log.Info("waking", "attempt", attempt, "of", m.cfg.WakeAttempts)
 	go func() {
 		defer cancel()
 		var waited atomic.Bool
 		gpus, err := m.d.MakeRoom(roomCtx, m.name, func(holders string) {
-			waited.Store(true)
+			if !waited.Swap(true) && m.d.Usage != nil {
+				m.d.Usage.Swapped(m.now(), m.name, cause)
+			}
 			m.do(func() {
 				m.machine.WaitingForRoom(m.now(), op, "held by "+holders)
 				m.noteState()

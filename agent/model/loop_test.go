@@ -607,37 +607,12 @@ func (r *rig) admitAs(ctx context.Context, client string) *admission {
 func fairOrder(t *testing.T, fair bool, clients ...string) []string {
 	r := newRig(t, supervisor.Awake, func(c *config.Model) { c.Queue = 10; c.FairShare = fair })
 	r.expect(lifecycle.Awake)
-	ctx := context.Background()
-	held := r.granted(r.admitAs(ctx, "alice"))
-	type queued struct {
-		client string
-		a      *admission
-	}
-	var q []queued
+	held := r.granted(r.admitAs(context.Background(), "alice"))
+	reqs := map[string]lease.Request{}
 	for _, c := range clients {
-		q = append(q, queued{c, r.admitAs(ctx, c)})
-		n := len(q)
-		r.until("queued in arrival order", func(s Snapshot) bool { return s.QueueDepth == n })
+		reqs[c] = lease.Request{Client: c}
 	}
-	var order []string
-	for range q {
-		held.Done(gateway.Outcome{})
-		// Exactly one queued request is granted per freed slot.
-		var next *queued
-		for next == nil {
-			r.sync()
-			for i := range q {
-				if q[i].a != nil && !q[i].a.pending() {
-					next = &q[i]
-					break
-				}
-			}
-		}
-		held = r.granted(next.a)
-		order = append(order, next.client)
-		next.a = nil
-	}
-	held.Done(gateway.Outcome{})
+	order, _ := r.grantOrder(held, r.queue(reqs, clients...))
 	return order
 }
 

@@ -38,6 +38,7 @@ import (
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/planner"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
 )
@@ -93,6 +94,20 @@ type Deps struct {
 	Log   *slog.Logger
 	// Ctx is napd's lifetime: engine operations in flight end with it.
 	Ctx context.Context
+	// Usage accounts who used the box; nil: nobody does.
+	Usage Usage
+}
+
+// Usage is napd's accounting of GPU time per key (*usage.Ledger in
+// napd): told when a granted request starts and stops holding the
+// engine's memory, and which key's request caused a wake, and a wake that
+// had to wait for others to give memory back (a swap). The loop calls
+// it: its methods must not block.
+type Usage interface {
+	Begin(now time.Time, model, key string)
+	End(now time.Time, model, key string)
+	Woke(now time.Time, model, key string)
+	Swapped(now time.Time, model, key string)
 }
 
 // Model is one configured model and its owner loop.
@@ -129,28 +144,35 @@ type Model struct {
 	active   int       // granted requests (slots in use)
 	queue    []*waiter // waiting for a wake or a slot, in arrival order
 	turn     string    // the client granted last (fair_share's round-robin)
-	wakeStop context.CancelFunc
-	wakeOp   lifecycle.Op
-	wokeAt   time.Time          // start of the current wake: older engine exits are not its
-	lastUsed time.Time          // end of the last lease, for LRU
-	retiring bool               // removed by a reload: stop once the leases end
-	restart  bool               // spec changed by a reload: restart once idle
-	stopping bool               // the engine is being stopped for a reload
-	stale    bool               // the engine may run but does not answer: stop it before the next wake
-	clearing bool               // the wake in flight is stopping such an engine first: its exit is not news
-	seen     lifecycle.Snapshot // the state last announced
-	sleepers []chan error       // operator sleeps waiting for their outcome
-	wakes    planner.Recent     // durations of the recent verified wakes
-	requests planner.Recent     // durations of the recent granted requests
-	typical  planner.Learned    // the typical of wakes and requests, as learn found it
-	base     *Snapshot          // the shared part of the snapshot published last
-	watch    *lifecycle.Watch   // health probes of the awake engine
-	watched  *instance          // the engine the watch is about
-	probing  bool               // a probe is in flight
-	progress Progress           // the reading of the last probe
-	slept    string             // the strategy the engine sleeps with ("" = awake or unknown)
-	freed    time.Time          // when the engine last gave its GPU memory back: a sleep, a stop, an exit
-	deeper   bool               // a move down the sleep ladder is in flight
+	// activeBy counts the granted requests by class; recent is the
+	// highest class of the last busy period (from a grant while none was
+	// in flight to the next time none is), for eviction order.
+	activeBy [priority.MaxClasses + 1]int
+	recent   priority.Class
+	// wakeCause is the key whose request started the wake in flight.
+	wakeCause string
+	wakeStop  context.CancelFunc
+	wakeOp    lifecycle.Op
+	wokeAt    time.Time          // start of the current wake: older engine exits are not its
+	lastUsed  time.Time          // end of the last lease, for LRU
+	retiring  bool               // removed by a reload: stop once the leases end
+	restart   bool               // spec changed by a reload: restart once idle
+	stopping  bool               // the engine is being stopped for a reload
+	stale     bool               // the engine may run but does not answer: stop it before the next wake
+	clearing  bool               // the wake in flight is stopping such an engine first: its exit is not news
+	seen      lifecycle.Snapshot // the state last announced
+	sleepers  []chan error       // operator sleeps waiting for their outcome
+	wakes     planner.Recent     // durations of the recent verified wakes
+	requests  planner.Recent     // durations of the recent granted requests
+	typical   planner.Learned    // the typical of wakes and requests, as learn found it
+	base      *Snapshot          // the shared part of the snapshot published last
+	watch     *lifecycle.Watch   // health probes of the awake engine
+	watched   *instance          // the engine the watch is about
+	probing   bool               // a probe is in flight
+	progress  Progress           // the reading of the last probe
+	slept     string             // the strategy the engine sleeps with ("" = awake or unknown)
+	freed     time.Time          // when the engine last gave its GPU memory back: a sleep, a stop, an exit
+	deeper    bool               // a move down the sleep ladder is in flight
 }
 
 // instance is one engine as requests reach it: the spec it was started
@@ -206,6 +228,12 @@ type Snapshot struct {
 	// Oldest and Deadline are the arrival and the deadline of the request
 	// queued longest (zero when none): its wake's turn for GPU memory.
 	Oldest, Deadline time.Time
+	// Queued is, by class, the arrival of the oldest queued request of
+	// each (nil when none is queued): the wake's class in its turn.
+	// Serving is the highest class among the requests in flight (None:
+	// none), Recent the highest of the last busy period.
+	Queued          *priority.Oldest
+	Serving, Recent priority.Class
 	// Learned is the typical duration of the model's recent wakes and
 	// requests.
 	Learned planner.Learned
@@ -521,12 +549,15 @@ type published struct {
 	lastUsed         time.Time
 	oldest, deadline time.Time
 	learned          planner.Learned
+	queued           *priority.Oldest
+	serving, recent  priority.Class
 }
 
 func (p *published) snapshot() Snapshot {
 	s := *p.base
 	s.QueueDepth, s.Active, s.LastUsed = p.queueDepth, p.active, p.lastUsed
 	s.Oldest, s.Deadline, s.Learned = p.oldest, p.deadline, p.learned
+	s.Queued, s.Serving, s.Recent = p.queued, p.serving, p.recent
 	return s
 }
 
@@ -537,9 +568,14 @@ func (m *Model) publish() {
 		b = &Snapshot{Config: m.cfg, Spec: m.spec, Lifecycle: lc, Slept: m.slept, Freed: m.freed}
 		m.base = b
 	}
-	p := &published{base: b, queueDepth: len(m.queue), active: m.active, lastUsed: m.lastUsed, learned: m.learned()}
+	p := &published{base: b, queueDepth: len(m.queue), active: m.active, lastUsed: m.lastUsed, learned: m.learned(),
+		serving: m.serving(), recent: m.recent}
 	if len(m.queue) > 0 {
 		p.oldest, p.deadline = m.queue[0].arrived, m.queue[0].deadline
+		p.queued = new(priority.Oldest)
+		for _, w := range m.queue {
+			p.queued.Note(w.class, w.arrived)
+		}
 	}
 	m.snap.Store(p)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/sleepmode"
 )
 
@@ -75,8 +76,12 @@ type Model struct {
 	Engine      Engine
 	// AllowUntracked (allow_untracked_unload) lets EngineNone count as idle.
 	AllowUntracked bool
-	// LastUsed orders victims: least recently used first.
+	// LastUsed orders victims: least recently used first, after Recent.
 	LastUsed time.Time
+	// Serving is the highest priority class among the requests in flight
+	// (None: none, or no classes); Recent the highest of its last busy
+	// period: victims whose recent use was of the lowest class go first.
+	Serving, Recent priority.Class
 	// GPUBytes is the measured GPU memory of the model's processes per GPU
 	// index; a GPU absent from the map was not measured.
 	GPUBytes map[int]int64
@@ -136,6 +141,13 @@ type Input struct {
 	// wake against: a model with a footprint and GPUs is refused rather
 	// than woken blind.
 	GPUUnknown bool
+	// Classes are [policy] priorities (for messages; nil: no classes),
+	// PriorityAge their starvation bound, and ClassYieldAfter how soon a
+	// busy model serving only a class yields to a waiter of a higher one
+	// (priority_yield_after; a class absent: the model's YieldAfter).
+	Classes         priority.Classes
+	PriorityAge     time.Duration
+	ClassYieldAfter map[priority.Class]time.Duration
 }
 
 func (m *Model) pinned() bool { return m.Pinned || m.Sleep == sleepmode.None }
@@ -177,10 +189,17 @@ func (m *Model) gpuShare(g int) int64 {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// lru sorts models least recently used first; the name breaks ties so that
-// plans are deterministic.
+// lru sorts models in eviction order: those whose recent use was of the
+// lowest class first (no use counts lowest), then least recently used; the
+// name breaks ties so that plans are deterministic.
 func lru(ms []*Model) {
 	slices.SortStableFunc(ms, func(a, b *Model) int {
+		switch {
+		case a.Recent.Above(b.Recent):
+			return 1
+		case b.Recent.Above(a.Recent):
+			return -1
+		}
 		if c := a.LastUsed.Compare(b.LastUsed); c != 0 {
 			return c
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/priority"
 )
 
 // Waiter is a model whose requests wait for GPU memory to wake.
@@ -21,6 +22,42 @@ type Waiter struct {
 	Deadline time.Time
 	// Requests is how many requests wait (for messages).
 	Requests int
+	// Queued is, by class, when its oldest waiting request of each
+	// arrived (nil: no classes, or no request queued, as an operator's
+	// wake). Its class, aged by priority_age, goes before Oldest: a waiter
+	// of a higher class has its turn before older ones of lower classes.
+	Queued *priority.Oldest
+}
+
+// class is the waiter's class at now: the highest of its queued requests,
+// aged (None without classes).
+func (w Waiter) class(now time.Time, age time.Duration) priority.Class {
+	if w.Queued == nil {
+		return priority.None
+	}
+	c, _ := w.Queued.Best(now, age)
+	return c
+}
+
+// waits is each class the waiter's requests count as at now, with the
+// arrival of the oldest request of that class; one entry of class None at
+// Oldest without classes.
+func (w Waiter) waits(now time.Time, age time.Duration) []classWait {
+	if w.Queued == nil {
+		return []classWait{{priority.None, w.Oldest}}
+	}
+	var out []classWait
+	for i, at := range w.Queued {
+		if !at.IsZero() {
+			out = append(out, classWait{priority.Class(i+1).Aged(now.Sub(at), age), at})
+		}
+	}
+	return out
+}
+
+type classWait struct {
+	class priority.Class
+	since time.Time
 }
 
 // Verdict is a waiter's outcome in one room plan.
@@ -77,6 +114,10 @@ type Holder struct {
 	Model string
 	Label Hold
 	Bytes int64
+	// Class is the holder's class where it decides the wait (it differs
+	// from the waiter's), and Note what that means: "yields in 4s", "does
+	// not yield to batch"; both "" otherwise.
+	Class, Note string
 }
 
 // Hold is why a holder holds memory a waiter needs; its spelling is the
@@ -105,7 +146,14 @@ func (h Holder) String() string {
 	if h.Model != "" {
 		name = string(h.Label) + " " + h.Model
 	}
-	return fmt.Sprintf("%s (%s)", name, gib(h.Bytes))
+	what := gib(h.Bytes)
+	if h.Class != "" {
+		what = h.Class + ", " + what
+	}
+	if h.Note != "" {
+		what += "; " + h.Note
+	}
+	return fmt.Sprintf("%s (%s)", name, what)
 }
 
 // HolderList renders holders for a message: "busy a (20.0 GiB), pinned b (2.0 GiB)".
@@ -144,7 +192,8 @@ func (p RoomPlan) Turn(model string) (Turn, bool) {
 const unknownWake = 10 * time.Second
 
 // PlanRoom plans GPU memory for every model waiting to wake, in the order
-// of their oldest waiting request (fair turns):
+// of their class (the highest of their waiting requests, aged by
+// priority_age), then of their oldest waiting request (fair turns):
 //   - a waiter whose footprint fits in free memory minus gpu_reserve, after
 //     what loading models and the waiters ahead of it take, wakes now;
 //   - one that could never fit because pinned models, models whose idleness
@@ -153,10 +202,11 @@ const unknownWake = 10 * time.Second
 //   - otherwise it waits. Memory draining back counts first; then idle,
 //     unpinned holders are put to sleep at once (demand overrides the idle
 //     minimum), least recently used first, keeping only those needed so
-//     the least memory moves; then busy holders are chosen the same way,
-//     and each keeps admitting until yield_after after the waiter's oldest
-//     request (earlier if the waiter's deadline would pass otherwise), when
-//     it yields.
+//     the least memory moves (holders whose recent use was of the lowest
+//     class first); then busy holders are chosen the same way, and each
+//     keeps admitting until it yields (see yieldAt): yield_after after the
+//     waiter's oldest request of its own class, priority_yield_after of its
+//     class after one of a higher class, never to a lower class.
 //
 // Memory free now, draining back or freed by chosen holders is promised to
 // the first waiter that needs it: a later one does not take it, and a
@@ -171,7 +221,14 @@ func PlanRoom(in Input, waiters []Waiter) RoomPlan {
 	}
 	r.start()
 	order := slices.Clone(waiters)
+	now, age := in.Now, in.PriorityAge
 	slices.SortStableFunc(order, func(a, b Waiter) int {
+		switch ca, cb := a.class(now, age), b.class(now, age); {
+		case ca.Above(cb):
+			return -1
+		case cb.Above(ca):
+			return 1
+		}
 		if c := a.Oldest.Compare(b.Oldest); c != 0 {
 			return c
 		}
@@ -293,7 +350,7 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 	}
 	for _, d := range r.byLRU {
 		if d.State == lifecycle.Draining && d.shareOn(short) > 0 {
-			holders = append(holders, Holder{d.Name, HoldDraining, d.shareOn(short)})
+			holders = append(holders, Holder{Model: d.Name, Label: HoldDraining, Bytes: d.shareOn(short)})
 		}
 	}
 	idle := r.choose(m, left, func(c *Model) bool { return c.demandIdle() })
@@ -303,42 +360,127 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		why := fmt.Sprintf("make room for %s (%s), waiting since %s; frees %s",
 			m.Name, gib(m.Footprint), w.Oldest.Format(time.TimeOnly), c.freesOn(short))
 		r.decide(c, ReasonMakeRoom, why)
-		holders = append(holders, Holder{c.Name, HoldIdle, c.shareOn(short)})
+		holders = append(holders, Holder{Model: c.Name, Label: HoldIdle, Bytes: c.shareOn(short)})
 	}
+	wc := w.class(r.in.Now, r.in.PriorityAge)
+	classes := false // a holder's class differs from the waiter's: messages name them
 	for _, c := range busy {
 		r.taken[c.Name] = true
-		label, at := HoldBusy, r.yieldAt(c, m, w)
+		h := Holder{Model: c.Name, Label: HoldBusy, Bytes: c.shareOn(short)}
+		y := r.yieldAt(c, m, w)
+		if hc := r.holderClass(c); wc.Set() && hc.Set() && hc != wc && c.State == lifecycle.Awake && c.Leases.Active > 0 {
+			h.Class, classes = r.in.Classes.Name(hc), true
+		}
 		switch {
 		case c.State == lifecycle.Waking:
-			label = HoldWaking
+			h.Label = HoldWaking
 		case c.Leases.Active == 0:
 			// Work napd did not admit (the engine says busy): it cannot be
 			// told to yield; its memory comes back when it ends.
-		case !r.in.Now.Before(at):
-			label = HoldYielding
-			why := fmt.Sprintf("yield to %s, which waited %s for its memory (yield_after %s); frees %s",
-				m.Name, r.in.Now.Sub(w.Oldest).Round(time.Second), c.YieldAfter, c.freesOn(short))
-			r.decide(c, ReasonYield, why)
-		case plan.Recheck.IsZero() || at.Before(plan.Recheck):
-			plan.Recheck = at
+		case y.never:
+			h.Note = "does not yield to " + r.in.Classes.Name(wc)
+		case !r.in.Now.Before(y.at):
+			h.Label = HoldYielding
+			r.decide(c, ReasonYield, r.yieldWhy(c, m, y, short))
+		default:
+			if h.Class != "" {
+				h.Note = "yields in " + y.at.Sub(r.in.Now).Round(time.Second).String()
+			}
+			if plan.Recheck.IsZero() || y.at.Before(plan.Recheck) {
+				plan.Recheck = y.at
+			}
 		}
-		holders = append(holders, Holder{c.Name, label, c.shareOn(short)})
+		holders = append(holders, h)
 	}
 	if len(left) > 0 {
 		// The rest is promised to waiters ahead, or held by models still
 		// loading for them: wait for them to have their turn.
 		for _, o := range r.byLRU {
 			if !r.taken[o.Name] && (r.ahead[o.Name] || (o.State == lifecycle.Waking && !r.waiting[o.Name])) && o.toLoadOn(left) > 0 {
-				holders = append(holders, Holder{o.Name, HoldAhead, o.toLoadOn(left)})
+				holders = append(holders, Holder{Model: o.Name, Label: HoldAhead, Bytes: o.toLoadOn(left)})
 			}
 		}
 	}
 	t.Verdict, t.Holders = RoomWait, holders
-	t.Message = fmt.Sprintf("%s (%s) waits for GPU memory (%s short) held by %s", m.Name, gib(m.Footprint), perGPU(short), HolderList(holders))
+	what := gib(m.Footprint)
+	if classes {
+		what = r.in.Classes.Name(wc) + ", " + what
+	}
+	t.Message = fmt.Sprintf("%s (%s) waits for GPU memory (%s short) held by %s", m.Name, what, perGPU(short), HolderList(holders))
 	if len(holders) == 0 {
-		t.Message = fmt.Sprintf("%s (%s) waits for GPU memory (%s short)", m.Name, gib(m.Footprint), perGPU(short))
+		t.Message = fmt.Sprintf("%s (%s) waits for GPU memory (%s short)", m.Name, what, perGPU(short))
 	}
 	return t
+}
+
+// holderClass is the class a busy holder serves: the highest in flight;
+// the lowest class when it has requests of no class.
+func (r *roomPlanner) holderClass(h *Model) priority.Class {
+	if h.Serving.Set() || len(r.in.Classes) == 0 {
+		return h.Serving
+	}
+	return r.in.Classes.Lowest()
+}
+
+// yield is when a busy holder stops admitting for a waiter, and by which
+// rule.
+type yield struct {
+	never bool // it serves a class above every class the waiter's requests count as
+	at    time.Time
+	class priority.Class // the waiter's class the yield is for
+	since time.Time      // the arrival of its oldest request of that class
+	rule  string         // "yield_after 30s", "priority_yield_after batch = 5s"
+}
+
+// yieldAt is when busy holder h stops admitting for waiter w. For each
+// class w's requests count as (aged), from the oldest of them: h's own
+// yield_after when h serves that class (or there are no classes); the
+// priority_yield_after of h's class (else its yield_after) when h serves
+// only lower classes; never when h serves a higher one. The earliest of
+// these, or earlier when w's deadline would otherwise pass before w could
+// wake and h finish a typical request; never before w started waiting.
+func (r *roomPlanner) yieldAt(h, w *Model, wt Waiter) yield {
+	hc := r.holderClass(h)
+	y := yield{never: true}
+	for _, cw := range wt.waits(r.in.Now, r.in.PriorityAge) {
+		after, rule := h.YieldAfter, "yield_after "+h.YieldAfter.String()
+		switch {
+		case !cw.class.Set() || !hc.Set() || cw.class == hc:
+		case cw.class.Above(hc):
+			if d, ok := r.in.ClassYieldAfter[hc]; ok {
+				after, rule = d, fmt.Sprintf("priority_yield_after %s = %s", r.in.Classes.Name(hc), d)
+			}
+		default:
+			continue // h serves a higher class: it does not yield to this one
+		}
+		if at := cw.since.Add(after); y.never || at.Before(y.at) {
+			y = yield{at: at, class: cw.class, since: cw.since, rule: rule}
+		}
+	}
+	if y.never {
+		return y
+	}
+	if !wt.Deadline.IsZero() {
+		latest := wt.Deadline.Add(-w.wakeEstimate() - h.Learned.Request)
+		if latest.Before(y.at) {
+			y.at = latest
+		}
+	}
+	if y.at.Before(wt.Oldest) {
+		y.at = wt.Oldest
+	}
+	return y
+}
+
+// yieldWhy is the message of h's yield y to waiter w.
+func (r *roomPlanner) yieldWhy(h, w *Model, y yield, short map[int]int64) string {
+	waited := r.in.Now.Sub(y.since).Round(time.Second)
+	hc := r.holderClass(h)
+	if !y.class.Set() || y.class == hc {
+		return fmt.Sprintf("yield to %s, which waited %s for its memory (%s); frees %s", w.Name, waited, y.rule, h.freesOn(short))
+	}
+	return fmt.Sprintf("yield to %s (%s), which waited %s for its memory; %s serves only %s (%s); frees %s",
+		w.Name, r.in.Classes.Name(y.class), waited, h.Name, r.in.Classes.Name(hc), y.rule, h.freesOn(short))
 }
 
 // choose picks holders for w among those ok accepts and not yet taken,
@@ -398,12 +540,12 @@ func (r *roomPlanner) never(w *Model, need map[int]int64) ([]Holder, string, boo
 			}
 			owned += m.GPUBytes[g]
 			if label := m.fixed(); label != "" && m.GPUBytes[g] > 0 {
-				fixed = append(fixed, Holder{m.Name, label, m.GPUBytes[g]})
+				fixed = append(fixed, Holder{Model: m.Name, Label: label, Bytes: m.GPUBytes[g]})
 				room -= m.GPUBytes[g]
 			}
 		}
 		if other := dev.Total - dev.Free - owned; other > 0 {
-			fixed = append(fixed, Holder{"", "", other})
+			fixed = append(fixed, Holder{Bytes: other})
 			room -= other
 		}
 		if need[g] <= room {
@@ -460,24 +602,6 @@ func (m *Model) demandBusy() bool {
 		return m.Leases.Active > 0 || m.Engine == EngineBusy
 	}
 	return false
-}
-
-// yieldAt is when busy holder h stops admitting for waiter w: yield_after
-// after w's oldest request, or earlier when w's deadline would otherwise
-// pass before w could wake and h finish a typical request; never before
-// w started waiting.
-func (r *roomPlanner) yieldAt(h, w *Model, wt Waiter) time.Time {
-	at := wt.Oldest.Add(h.YieldAfter)
-	if !wt.Deadline.IsZero() {
-		latest := wt.Deadline.Add(-w.wakeEstimate() - h.Learned.Request)
-		if latest.Before(at) {
-			at = latest
-		}
-	}
-	if at.Before(wt.Oldest) {
-		at = wt.Oldest
-	}
-	return at
 }
 
 // retryAfter is what a refused waiter's client should wait: its typical

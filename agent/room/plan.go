@@ -3,12 +3,15 @@ package room
 import (
 	"context"
 	"strings"
+	"time"
 
+	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/measure"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
+	"github.com/napd/napd/agent/priority"
 )
 
 // Plan is the planner's periodic round, called by napd's ticker: measure,
@@ -46,7 +49,8 @@ func (d *Desk) Plan(ctx context.Context) {
 // input.
 func (d *Desk) input(ms *measure.Measurement, models []Model) planner.Input {
 	cfg := d.d.Config()
-	in := planner.Input{Now: ms.At, Pressure: cfg.Pressure, GPUNote: ms.GPUNote, GPUUnknown: ms.GPUFrom == measure.GPUUnknown}
+	in := planner.Input{Now: ms.At, Pressure: cfg.Pressure, GPUNote: ms.GPUNote, GPUUnknown: ms.GPUFrom == measure.GPUUnknown,
+		Classes: cfg.Policy.Priorities, PriorityAge: cfg.Policy.PriorityAge, ClassYieldAfter: classYields(cfg.Policy)}
 	if ms.HaveMem {
 		in.Host = planner.Host{MemAvailable: ms.Host.MemAvailable, HaveMem: true,
 			PSISomeAvg10: ms.Host.PSI.Some.Avg10, HavePSI: ms.Host.HavePSI}
@@ -68,6 +72,8 @@ func (d *Desk) input(ms *measure.Measurement, models []Model) planner.Input {
 			Engine:         mm.Activity,
 			AllowUntracked: s.Config.AllowUntrackedUnload,
 			LastUsed:       s.LastUsed,
+			Serving:        s.Serving,
+			Recent:         s.Recent,
 			GPUBytes:       mm.GPUBytes,
 			YieldAfter:     s.Config.YieldAfter,
 			Learned:        s.Learned,
@@ -95,6 +101,17 @@ func (d *Desk) input(ms *measure.Measurement, models []Model) planner.Input {
 		in.Estimate()
 	}
 	return in
+}
+
+// classYields is [policy] priority_yield_after by class.
+func classYields(p config.Policy) map[priority.Class]time.Duration {
+	out := make(map[priority.Class]time.Duration, len(p.PriorityYieldAfter))
+	for name, d := range p.PriorityYieldAfter {
+		if c, ok := p.Priorities.Of(name); ok {
+			out[c] = d
+		}
+	}
+	return out
 }
 
 // act asks each decided model to sleep; the lifecycle has the last word.

@@ -357,7 +357,7 @@ func (d *Desk) Round(ctx context.Context) time.Duration {
 		if oldest.IsZero() { // an operator wake: no request queued
 			oldest = w.since
 		}
-		waiters = append(waiters, planner.Waiter{Model: name, Oldest: oldest, Deadline: s.Deadline, Requests: s.QueueDepth})
+		waiters = append(waiters, planner.Waiter{Model: name, Oldest: oldest, Deadline: s.Deadline, Requests: s.QueueDepth, Queued: s.Queued})
 	}
 	for _, m := range coming {
 		s := m.Snapshot()
@@ -365,7 +365,7 @@ func (d *Desk) Round(ctx context.Context) time.Duration {
 		if oldest.IsZero() {
 			oldest = s.Lifecycle.Since
 		}
-		waiters = append(waiters, planner.Waiter{Model: m.Name(), Oldest: oldest, Deadline: s.Deadline, Requests: s.QueueDepth})
+		waiters = append(waiters, planner.Waiter{Model: m.Name(), Oldest: oldest, Deadline: s.Deadline, Requests: s.QueueDepth, Queued: s.Queued})
 	}
 	plan := planner.PlanRoom(in, waiters)
 	d.actForRoom(ms, models, plan, waits)

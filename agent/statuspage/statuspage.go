@@ -67,6 +67,19 @@ type pageView struct {
 	Host       string
 	GPUs       []gpuView
 	Models     []modelView
+	Usage      []usageView
+	Quotas     []quotaView
+}
+
+// usageView is one key's use of one model in the last 24 hours.
+type usageView struct {
+	Key, Model, GPUHours, GiBHours   string
+	Wakes, Swaps, Prompt, Completion int64
+}
+
+// quotaView is a key's use today against its quotas.
+type quotaView struct {
+	Key, GPU, Tokens, Renews string
 }
 
 type gpuView struct {
@@ -121,6 +134,26 @@ func view(st control.Status, now time.Time) pageView {
 	}
 	for _, m := range st.Models {
 		v.Models = append(v.Models, modelOf(m, now))
+	}
+	for _, u := range st.Usage {
+		key := u.Key
+		if key == "" {
+			key = "–"
+		}
+		v.Usage = append(v.Usage, usageView{Key: key, Model: u.Model, GPUHours: fmt.Sprintf("%.3f", u.GPUHours),
+			GiBHours: fmt.Sprintf("%.1f", u.GPUByteSeconds/(1<<30)/3600), Wakes: u.Wakes, Swaps: u.Swaps,
+			Prompt: u.PromptTokens, Completion: u.CompletionTokens})
+	}
+	for _, q := range st.Quotas {
+		qv := quotaView{Key: q.Key, GPU: fmt.Sprintf("%.3f", q.GPUHours), Tokens: strconv.FormatInt(q.Tokens, 10),
+			Renews: q.Renews.UTC().Format("2006-01-02 15:04 UTC")}
+		if q.GPUHoursPerDay > 0 {
+			qv.GPU += fmt.Sprintf(" of %g", q.GPUHoursPerDay)
+		}
+		if q.TokensPerDay > 0 {
+			qv.Tokens += fmt.Sprintf(" of %d", q.TokensPerDay)
+		}
+		v.Quotas = append(v.Quotas, qv)
 	}
 	return v
 }

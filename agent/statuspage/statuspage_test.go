@@ -25,6 +25,9 @@ func TestPage_ShowsModelsGPUsAndMemory(t *testing.T) {
 				Leases: 3, QueueDepth: 2, EngineBytes: &engine, GPUBytes: map[string]int64{"0": 40 << 30}, LastWakeMs: 12345},
 			{Name: "qwen", State: "failed", Reason: `exit status 1 <b>after</b> 3 attempts`, IdleSince: &idle},
 		},
+		Usage: []control.UsageRow{{Key: "nightly", Model: "llama", GPUByteSeconds: 40 << 30 * 1800, GPUHours: 0.25, Wakes: 2, Swaps: 1,
+			PromptTokens: 1200, CompletionTokens: 340}},
+		Quotas: []control.Quota{{Key: "nightly", GPUHours: 0.25, GPUHoursPerDay: 2, Tokens: 1540, Renews: now.Add(21 * time.Hour)}},
 	}
 	srv := httptest.NewServer(Handler(func() control.Status { return st }, func() time.Time { return now }, nil))
 	defer srv.Close()
@@ -50,6 +53,8 @@ func TestPage_ShowsModelsGPUsAndMemory(t *testing.T) {
 		`GPU 0 · NVIDIA H100`, `60.0 GiB used of 80.0 GiB (75%)`,
 		`style="width:50.00%" title="llama: 40.0 GiB"`, `style="width:25.00%" title="other processes: 20.0 GiB"`,
 		`40.0 GiB available of 64.0 GiB, memory pressure 2.5%`, `up 3h00m`, `version 1.2.3`,
+		`data-key="nightly" data-model="llama"`, `<td class="n">0.250</td><td class="n">20.0</td>`, `<td class="n">1200</td><td class="n">340</td>`,
+		`<td>0.250 of 2</td><td>1540</td><td>2026-12-02 00:00 UTC</td>`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page lacks %q", want)

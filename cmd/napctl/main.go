@@ -31,6 +31,8 @@ Commands:
   reset MODEL                   clear a failed model so it can be woken again
   logs MODEL [-n N]             the engine's last output lines (exec supervisor)
   events [-f]                   print state changes (-f: keep following)
+  usage [--since 24h] [--json]  GPU time, wakes, swaps and tokens per key and model,
+                                and the day's use of keys with a quota
   reload                        re-read napd's config file (like systemctl reload napd)
   config check [FILE]           validate a config file and its drop-ins (default: --config)
   config show [MODEL]           the effective configuration (after templates and
@@ -113,6 +115,8 @@ func (c *cli) dispatch(ctx context.Context, cmd string, rest []string) error {
 		return c.events(ctx, rest)
 	case "reload":
 		return c.reload(ctx, rest)
+	case "usage":
+		return c.usage(ctx, rest)
 	case "config":
 		return c.configCmd(rest)
 	case "import":

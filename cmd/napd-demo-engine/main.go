@@ -107,6 +107,7 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	fs.BoolVar(&c.opts.BusyHealth, "busy-health", false, "do not answer /health while a completion runs")
 	fs.IntVar(&c.opts.CrashAfter, "crash-after", 0, "exit with status 3 on the Nth completion (mid-stream if streamed); 0 = never")
 	fs.BoolVar(&c.ignoreSIGTERM, "ignore-sigterm", false, "ignore SIGTERM, so that only SIGKILL stops the engine")
+	policy := fs.String("scheduling-policy", "fcfs", "vLLM's: \"priority\" accepts a completion's priority field (counted in /debug/stats), \"fcfs\" refuses a non-zero one")
 	// vLLM's flag, accepted so that napd's first-load estimate can be
 	// tried with a command line as vLLM's; there is no GPU to take.
 	fs.Float64("gpu-memory-utilization", 0.9, "accepted as vLLM's, ignored (no GPU)")
@@ -118,6 +119,13 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	}
 	if fs.NArg() > 0 {
 		return c, usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	switch *policy {
+	case "fcfs":
+	case "priority":
+		c.opts.PriorityScheduling = true
+	default:
+		return c, usageError{fmt.Errorf("unknown --scheduling-policy %q (want fcfs or priority)", *policy)}
 	}
 	if !slices.Contains(demoengine.Flavors, c.opts.Flavor) {
 		return c, usageError{fmt.Errorf("unknown --flavor %q (want %s)", c.opts.Flavor, strings.Join(demoengine.Flavors, ", "))}

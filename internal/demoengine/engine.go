@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -86,6 +87,9 @@ type Stats struct {
 	WeightsBytes int `json:"weights_bytes"`
 	// Connections counts the connections accepted (CountConnection).
 	Connections int `json:"connections"`
+	// Priorities counts the completions by their priority field ("none":
+	// without one).
+	Priorities map[string]int `json:"priorities,omitempty"`
 }
 
 // ControlRequest is one control-plane request as /debug/requests lists it.
@@ -171,6 +175,7 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.stats
+	s.Priorities = maps.Clone(e.stats.Priorities)
 	s.Running, s.Waiting = e.running, e.waiting
 	s.IsSleeping = len(e.asleep) > 0
 	s.SleepState = e.sleepStateLocked()

@@ -692,3 +692,26 @@ func TestEngine_ConcurrentTraffic(t *testing.T) {
 		t.Fatalf("stats after the traffic = %+v", s)
 	}
 }
+
+// vLLM's priority field: refused when not 0 unless the engine runs with
+// --scheduling-policy priority, and counted in /debug/stats.
+func TestEngine_PriorityField(t *testing.T) {
+	body := func(p string) string {
+		return `{"model":"demo","max_tokens":1,"messages":[{"role":"user","content":"hi"}]` + p + `}`
+	}
+	fcfs := newEngine(Options{}).Handler()
+	wantCode(t, do(fcfs, "POST", "/v1/chat/completions", body(`,"priority":0`)), http.StatusOK)
+	rec := do(fcfs, "POST", "/v1/chat/completions", body(`,"priority":2`))
+	wantCode(t, rec, http.StatusBadRequest)
+	if !strings.Contains(rec.Body.String(), "Priority scheduling is not enabled") {
+		t.Errorf("refusal %s", rec.Body.String())
+	}
+	prio := newEngine(Options{PriorityScheduling: true}).Handler()
+	for _, p := range []string{``, `,"priority":2`, `,"priority":2`, `,"priority":0`} {
+		wantCode(t, do(prio, "POST", "/v1/chat/completions", body(p)), http.StatusOK)
+	}
+	got := decode[Stats](t, do(prio, "GET", "/debug/stats", "")).Priorities
+	if len(got) != 3 || got["none"] != 1 || got["2"] != 2 || got["0"] != 1 {
+		t.Errorf("priorities %v", got)
+	}
+}

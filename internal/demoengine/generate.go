@@ -28,6 +28,10 @@ func (e *Engine) generate(chat bool) http.Handler {
 		if g.model == "" {
 			g.model = e.opts.Models[0]
 		}
+		if !e.tookPriority(g.priority) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("Got priority %d but Priority scheduling is not enabled.", *g.priority))
+			return
+		}
 		e.run(w, r, g.model, func(j *job) {
 			if g.stream {
 				e.stream(w, j, g)
@@ -36,6 +40,26 @@ func (e *Engine) generate(chat bool) http.Handler {
 			}
 		})
 	})
+}
+
+// tookPriority counts a completion's priority field in Stats.Priorities
+// ("none" when absent), or reports false for a non-zero one without
+// PriorityScheduling.
+func (e *Engine) tookPriority(p *int) bool {
+	key := "none"
+	if p != nil {
+		if *p != 0 && !e.opts.PriorityScheduling {
+			return false
+		}
+		key = fmt.Sprint(*p)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stats.Priorities == nil {
+		e.stats.Priorities = map[string]int{}
+	}
+	e.stats.Priorities[key]++
+	return true
 }
 
 // tokenDelay waits until token i of j is due: TTFT before the first, the

@@ -46,6 +46,11 @@ type Options struct {
 	// MaxNumSeqs is how many completions run at once; the rest wait
 	// (vllm:num_requests_waiting). 0 means 256, vLLM's default.
 	MaxNumSeqs int
+	// PriorityScheduling is vLLM's --scheduling-policy priority: a
+	// completion's own "priority" field is accepted (and counted in
+	// Stats.Priorities); without it a non-zero priority is refused with
+	// 400, as vLLM refuses it. The emulator does not reorder by it.
+	PriorityScheduling bool
 	// Exit ends the process; nil means os.Exit. Tests replace it.
 	Exit func(code int)
 	// Logger receives control-plane events; nil means slog.Default().

@@ -26,7 +26,8 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	Seed *int `json:"seed"`
+	Seed     *int `json:"seed"`
+	Priority *int `json:"priority"`
 }
 
 type chatMessage struct {
@@ -43,6 +44,7 @@ type generation struct {
 	seed         int
 	stream       bool
 	includeUsage bool
+	priority     *int // vLLM's priority field, nil when absent
 }
 
 // parseRequest decodes and validates a completion request body; chat
@@ -85,6 +87,7 @@ func parseRequest(body io.Reader, chat bool) (generation, error) {
 		g.seed = *req.Seed
 	}
 	g.includeUsage = req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	g.priority = req.Priority
 	return g, nil
 }
 

@@ -37,6 +37,8 @@ type stats struct {
 	StreamsCancelled  int `json:"streams_cancelled"`
 	RequestsCancelled int `json:"requests_cancelled"`
 	Running           int `json:"running"`
+	// Priorities counts completions by their priority field ("none").
+	Priorities map[string]int `json:"priorities"`
 }
 
 // stats reads the engine's counters; it fails the test when the engine

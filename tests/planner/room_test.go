@@ -256,42 +256,11 @@ func TestRoom_BusyHolderYieldsAfterYieldAfter(t *testing.T) {
 	if status, body, _, err := send(n, "a", false, 1, 10*time.Second); err != nil || status != http.StatusOK {
 		t.Fatalf("a: %d %v %s", status, err, body)
 	}
-	type result struct {
-		sent, done time.Time
-		status     int
-	}
-	stop := make(chan struct{})
-	var mu sync.Mutex
-	var as []result
-	var wg sync.WaitGroup
-	// a stays busy throughout: clients started in step end their requests
-	// in step too, and a moment with none in flight makes a an idle
-	// holder, which sleeps at once for b, not after yield_after. Started
-	// a third of a request apart, a request is always in flight.
-	for i := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			time.Sleep(time.Duration(i) * 100 * time.Millisecond)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				sent := time.Now()
-				status, _, done, _ := send(n, "a", false, 15, 60*time.Second) // ~300 ms each
-				mu.Lock()
-				as = append(as, result{sent, done, status})
-				mu.Unlock()
-			}
-		}()
-	}
-	time.Sleep(700 * time.Millisecond) // let a's streams run
+	end := keepBusy(n, "a", 15, "X-Request-Timeout", "60s") // ~300 ms each
+	time.Sleep(700 * time.Millisecond)                      // let a's streams run
 	bSent := time.Now()
 	status, body, bDone, err := send(n, "b", false, 2, 60*time.Second)
-	close(stop)
-	wg.Wait()
+	as := end()
 	if err != nil || status != http.StatusOK {
 		t.Fatalf("b: %d %v %s", status, err, body)
 	}
@@ -321,6 +290,55 @@ func TestRoom_BusyHolderYieldsAfterYieldAfter(t *testing.T) {
 		}
 	}
 	t.Logf("%d a requests arrived during the yield, all served after b", during)
+}
+
+// served is one request of keepBusy's clients: when it was sent and
+// answered, and its status (0: no answer).
+type served struct {
+	sent, done time.Time
+	status     int
+}
+
+// keepBusy keeps model busy with requests of maxTokens (with header) from
+// three clients started a third of a request apart, so that one is always
+// in flight: a moment with none makes the model an idle holder, which
+// sleeps at once for a waiter rather than yield. end stops the clients
+// and returns what each request got.
+func keepBusy(n *harness.Napd, model string, maxTokens int, header ...string) (end func() []served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	var got []served
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * 100 * time.Millisecond)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := served{sent: time.Now()}
+				resp, _, err := n.Post(ctx, "/v1/chat/completions", harness.Chat(model, false, maxTokens), header...)
+				r.done = time.Now()
+				if err == nil {
+					r.status = resp.StatusCode
+				}
+				mu.Lock()
+				got = append(got, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() []served {
+		close(stop)
+		wg.Wait()
+		cancel()
+		return got
+	}
 }
 
 // Without demand the idle minimum still holds: under GPU pressure a model
