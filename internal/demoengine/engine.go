@@ -59,6 +59,7 @@ type Engine struct {
 	ids       uint64
 	stats     Stats
 	control   []ControlRequest
+	selfSleep idleSleep // llama.cpp's own idle sleep (SleepIdle)
 }
 
 // Stats are the counters /debug/stats reports.
@@ -86,6 +87,10 @@ type Stats struct {
 	WeightsBytes int `json:"weights_bytes"`
 	// Connections counts the connections accepted (CountConnection).
 	Connections int `json:"connections"`
+	// SelfSleeps counts llama.cpp's own idle sleeps (SleepIdle), Reloads
+	// the reloads a task started after one.
+	SelfSleeps int `json:"self_sleeps"`
+	Reloads    int `json:"reloads"`
 }
 
 // ControlRequest is one control-plane request as /debug/requests lists it.
@@ -136,6 +141,7 @@ func New(opts Options) *Engine {
 		e.exit = os.Exit
 	}
 	e.weights = allocate(opts.MemoryBytes)
+	e.startIdleSleep()
 	return e
 }
 
@@ -172,7 +178,7 @@ func (e *Engine) Stats() Stats {
 	defer e.mu.Unlock()
 	s := e.stats
 	s.Running, s.Waiting = e.running, e.waiting
-	s.IsSleeping = len(e.asleep) > 0
+	s.IsSleeping = len(e.asleep) > 0 || e.selfSleep.asleep
 	s.SleepState = e.sleepStateLocked()
 	s.WeightsLoaded = !e.stale
 	s.WeightsBytes = len(e.weights)
@@ -219,6 +225,9 @@ func (e *Engine) nextID() uint64 {
 // waits for a free sequence slot. The job's context is cancelled when the
 // client leaves or a sleep aborts it (cause errAborted).
 func (e *Engine) admit(parent context.Context) (*job, error) {
+	if err := e.task(parent); err != nil {
+		return nil, err
+	}
 	e.mu.Lock()
 	switch {
 	case len(e.asleep) > 0 || e.closing:
@@ -262,6 +271,7 @@ func (e *Engine) finish(j *job) {
 		e.waiting--
 	}
 	e.lastEnd = time.Now()
+	e.taskEndedLocked()
 	if len(e.jobs) == 0 && e.idle != nil {
 		close(e.idle)
 		e.idle = nil
