@@ -360,6 +360,8 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics.Handler())
+		engines := &enginemetrics.Scraper{Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: metricsIdle}}}
+		mux.Handle(metrics.EnginesPath, metrics.EnginesHandler(a.engineTargets, engines.Families, a.log.With("listener", "metrics")))
 		s.metrics = newServer(mux)
 		// A scraper needs few connections; a local user gets no more.
 		s.metrics.IdleTimeout = metricsIdle
@@ -375,6 +377,22 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 		"control", cfg.Agent.ControlSocket, "metrics", cfg.Agent.MetricsListen,
 		"haproxy_agent", cfg.Agent.HAProxyAgentListen)
 	return s, nil
+}
+
+// engineTargets are the engines /metrics/engines reads: those of the
+// models that serve (or drain) now; a sleeping model's is never asked.
+func (a *Agent) engineTargets() []metrics.EngineTarget {
+	list := a.reg.Load().list
+	out := make([]metrics.EngineTarget, 0, len(list))
+	for _, m := range list {
+		s := m.Snapshot()
+		t := metrics.EngineTarget{Model: m.Name()}
+		if st := s.Lifecycle.State; s.Config.Transport == config.TransportHTTP && (st.Serving() || st == lifecycle.Draining) {
+			t.URL = s.Spec.BaseURL()
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 func addrs(ls []net.Listener) []string {

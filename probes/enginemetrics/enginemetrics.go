@@ -238,35 +238,16 @@ func (e *statusError) Error() string {
 // ask reads one endpoint and parses it with its adapter.
 func (s *Scraper) ask(ctx context.Context, root string, ep endpoint, custom []string) (Evidence, error) {
 	target := root + string(ep)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	resp, err := s.open(ctx, target, ep == epMetrics)
 	if err != nil {
-		return Evidence{}, fmt.Errorf("scrape %s: %w", target, err)
-	}
-	if ep == epMetrics {
-		req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-	}
-	client := s.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return Evidence{}, fmt.Errorf("scrape: %w", err) // *url.Error names the URL
+		return Evidence{}, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // keep the connection
-		return Evidence{}, fmt.Errorf("scrape: %w", &statusError{target, resp.StatusCode})
-	}
 	body := io.LimitReader(resp.Body, maxBody)
 	var ev Evidence
 	switch ep {
 	case epMetrics:
-		format := expfmt.ResponseFormat(resp.Header)
-		if format.FormatType() == expfmt.TypeUnknown {
-			format = expfmt.NewFormat(expfmt.TypeTextPlain)
-		}
-		ev, err = Parse(body, format, custom)
+		ev, err = Parse(body, formatOf(resp), custom)
 		if err == nil && !ev.Counts {
 			err = errNoAdapter
 		}
@@ -287,21 +268,69 @@ func (s *Scraper) ask(ctx context.Context, root string, ep endpoint, custom []st
 	return ev, nil
 }
 
-// Parse decodes a metrics exposition in the given format (text or
-// OpenMetrics) and extracts the Evidence: the first of custom's names, then
-// the known engines', that the exposition holds.
-func Parse(r io.Reader, format expfmt.Format, custom []string) (Evidence, error) {
+// open GETs target (asking for Prometheus text when metrics is set) and
+// returns the response of a 200, whose body the caller closes.
+func (s *Scraper) open(ctx context.Context, target string, metrics bool) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", target, err)
+	}
+	if metrics {
+		req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	}
+	client := s.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape: %w", err) // *url.Error names the URL
+	}
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // keep the connection
+		resp.Body.Close()
+		return nil, fmt.Errorf("scrape: %w", &statusError{target, resp.StatusCode})
+	}
+	return resp, nil
+}
+
+// formatOf is the exposition format of a metrics response; text when it
+// does not say.
+func formatOf(resp *http.Response) expfmt.Format {
+	format := expfmt.ResponseFormat(resp.Header)
+	if format.FormatType() == expfmt.TypeUnknown {
+		format = expfmt.NewFormat(expfmt.TypeTextPlain)
+	}
+	return format
+}
+
+// decodeAll decodes every family of an exposition.
+func decodeAll(r io.Reader, format expfmt.Format) ([]*dto.MetricFamily, error) {
 	dec := expfmt.NewDecoder(r, format)
-	families := make(map[string]*dto.MetricFamily)
+	var out []*dto.MetricFamily
 	for {
 		mf := new(dto.MetricFamily)
 		err := dec.Decode(mf)
 		if errors.Is(err, io.EOF) {
-			break
+			return out, nil
 		}
 		if err != nil {
-			return Evidence{}, fmt.Errorf("parse metrics: %w", err)
+			return nil, fmt.Errorf("parse metrics: %w", err)
 		}
+		out = append(out, mf)
+	}
+}
+
+// Parse decodes a metrics exposition in the given format (text or
+// OpenMetrics) and extracts the Evidence: the first of custom's names, then
+// the known engines', that the exposition holds.
+func Parse(r io.Reader, format expfmt.Format, custom []string) (Evidence, error) {
+	all, err := decodeAll(r, format)
+	if err != nil {
+		return Evidence{}, err
+	}
+	families := make(map[string]*dto.MetricFamily, len(all))
+	for _, mf := range all {
 		families[mf.GetName()] = mf
 	}
 	var ev Evidence
