@@ -58,7 +58,7 @@ func (a *Agent) Status() control.Status {
 		if holders := a.desk.WaitingFor(m.Name()); holders != "" {
 			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders
 		}
-		if since := s.Lifecycle.IdleSince(ev); ev.Active == 0 && !since.IsZero() {
+		if since := ms.IdleSince(m.Name(), s.Lifecycle, ev); ev.Active == 0 && !since.IsZero() {
 			row.IdleSince = &since
 		}
 		if ms != nil {

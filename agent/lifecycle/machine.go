@@ -189,7 +189,7 @@ func (m *Machine) RequestSleep(now time.Time, req SleepRequest, ev Evidence) Dec
 		if ev.Leases.Active > 0 && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("%d requests in flight", ev.Leases.Active)}
 		}
-		idle := now.Sub(m.Snapshot().IdleSince(ev.Leases))
+		idle := now.Sub(later(m.Snapshot().IdleSince(ev.Leases), ev.ActiveAt))
 		if idle < m.policy.IdleMinimum && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("idle for %s, under the idle minimum of %s",
 				idle.Round(time.Second), m.policy.IdleMinimum)}

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/probes/enginemetrics"
@@ -68,6 +70,26 @@ type Model struct {
 	Activity planner.Engine
 	Detail   string
 	Notes    string
+	// ActiveAt is when a round last saw the engine at work, by any
+	// evidence beside napd's leases (busy, clients outside napd, work
+	// counters that moved since the round before); zero when none did
+	// since it serves. Idle time counts from the later of it and the
+	// model's own last use (IdleSince).
+	ActiveAt time.Time
+}
+
+// IdleSince is when a model was last in use by any evidence napd has: the
+// lifecycle's idle since (its last lease's end or its last wake, from its
+// lease evidence) or the last time its engine was seen at work, whichever
+// is later. ms may be nil (nothing measured yet).
+func (ms *Measurement) IdleSince(name string, lc lifecycle.Snapshot, leases lease.Evidence) time.Time {
+	since := lc.IdleSince(leases)
+	if ms != nil {
+		if at := ms.Models[name].ActiveAt; at.After(since) {
+			since = at
+		}
+	}
+	return since
 }
 
 // GPUReadingMaxAge is how long the last good GPU reading stands in for a
@@ -92,6 +114,7 @@ type Prober struct {
 	Clock      func() time.Time
 	Log        *slog.Logger
 	readings   gpuReadings
+	active     lastActivity
 }
 
 // probeTimeout bounds one round's probes.
@@ -134,7 +157,7 @@ func (p *Prober) Measure(ctx context.Context, snaps []model.Snapshot) *Measureme
 		})
 	}
 	wg.Wait()
-	judgeEngines(ms, snaps)
+	p.judgeEngines(ms, snaps)
 	for name, per := range gpu.ModelUsage(pids, ms.GPUs.Processes) {
 		mm := ms.Models[name]
 		mm.GPUBytes = per

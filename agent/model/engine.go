@@ -298,7 +298,7 @@ func (m *Model) operatorSleep(strategy string, result chan error) {
 		result <- fmt.Errorf("sleep %s: strategy %q never puts a model to sleep", m.name, strategy)
 		return
 	}
-	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.EngineNoEvidence, "")
+	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.Evidence{})
 	switch {
 	case d.Action == lifecycle.Declined:
 		result <- fmt.Errorf("sleep %s: %s", m.name, d.Reason)
@@ -331,7 +331,7 @@ func (m *Model) afterIdle() {
 	}
 	switch st := m.machine.Snapshot().State; {
 	case st.Serving():
-		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: sleepmode.Stop}, lifecycle.EngineNoEvidence, "")
+		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: sleepmode.Stop}, lifecycle.Evidence{})
 		return
 	case st == lifecycle.Waking || st == lifecycle.Draining:
 		return // its result calls afterIdle again

@@ -131,3 +131,43 @@ func TestIdle_LeasesOnlyIsUnsupported(t *testing.T) {
 		t.Fatalf("an unsupported model must serve: %v %s", err, body)
 	}
 }
+
+// Idle time counts from the last activity napd saw, by any evidence: a
+// client that works on the engine's port directly, with requests too short
+// for any one reading to catch running (only the engine's counters move),
+// keeps the model awake while it works, and once it stops, the model
+// sleeps an idle timeout later, not at once (as it did when idleness was
+// counted from napd's own last request, long before).
+func TestIdle_CountsFromOutsideUse(t *testing.T) {
+	port := harness.FreePort(t)
+	n := harness.Start(t, harness.Options{Models: harness.DemoModel("l",
+		fmt.Sprintf("port = %d\nidle_timeout = \"4s\"", port), "--flavor", "llamacpp", "--metrics", "--ttft", "0", "--tokens-per-second", "0")})
+	if code, body := chat(t, n, "l"); code != http.StatusOK {
+		t.Fatalf("chat = %d %s", code, body)
+	}
+	direct := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", port)
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}} // no connection stays to be seen
+	var last time.Time
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		resp, err := client.Post(direct, "application/json", strings.NewReader(`{"model":"l","prompt":"x","max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("the engine answered the outside client %s", resp.Status)
+		}
+		last = time.Now()
+		if m := n.ModelStatus("l"); m.State != "awake" {
+			t.Fatalf("model %s (%s) while a client works on its port", m.State, m.Reason)
+		}
+	}
+	waitState(t, n, "l", "sleeping", deadline)
+	// The planner's rounds come every 2 s: the round after the last
+	// request saw its counters move, so the sleep comes at least an idle
+	// timeout after that round, which is after the request, less the
+	// round's own few milliseconds.
+	if after := time.Since(last); after < 3*time.Second {
+		t.Errorf("asleep %s after the outside client's last request; want an idle timeout (4s) counted from it", after)
+	}
+}
