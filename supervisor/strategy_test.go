@@ -267,13 +267,13 @@ func TestStrategies_ControlErrorNamesTheCall(t *testing.T) {
 }
 
 func TestStrategyTable_CoversConfig(t *testing.T) {
-	for _, name := range []string{sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.None} {
+	for _, name := range []string{sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.LlamaCpp, sleepmode.None} {
 		if _, err := lookupStrategy(name); err != nil {
 			t.Error(err)
 		}
 	}
-	if len(strategies) != 5 {
-		t.Errorf("%d strategies, config names 5", len(strategies))
+	if len(strategies) != 6 {
+		t.Errorf("%d strategies, config names 6", len(strategies))
 	}
 }
 

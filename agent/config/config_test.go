@@ -274,7 +274,7 @@ port = 8000
 	want := []string{
 		`test.toml:2: agent.supervisor: unknown value "k8s" (want "auto", "systemd", "exec")`,
 		`test.toml:3: agent.log_level: want a string, got integer`,
-		`test.toml:8: models.b.sleep: unknown value "hibernate" (want "stop", "vllm-l1", "vllm-l2", "sglang", "none")`,
+		`test.toml:8: models.b.sleep: unknown value "hibernate" (want "stop", "vllm-l1", "vllm-l2", "sglang", "llamacpp", "none")`,
 		`test.toml:12: models.a.port: port 8000 is already used by model b`,
 	}
 	if got := strings.Split(errs.Error(), "\n"); !reflect.DeepEqual(got, want) {

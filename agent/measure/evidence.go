@@ -184,15 +184,20 @@ func (ms *Measurement) Reason(name string, lc lifecycle.Snapshot) string {
 // ProbeEngine is a model's health probe of its awake engine (model.Deps
 // Probe): one request to its health path and, beside it, its work counters
 // when it publishes them; then what it sent on each connection to its
-// port.
+// port. An engine that sleeps by itself is asked whether it does.
 func (p *Prober) ProbeEngine(ctx context.Context, spec supervisor.Spec, cfg *config.Model) model.ProbeResult {
 	var r model.ProbeResult
 	counters := make(chan enginemetrics.Evidence, 1)
 	go func() {
-		ev, _ := p.Scraper.Scrape(ctx, spec.BaseURL(), cfg.ActivityMetrics)
+		ev, _ := p.scrape(ctx, spec, cfg)
 		counters <- ev
 	}()
 	r.Err = p.Supervisor.Probe(ctx, spec)
+	if r.Err == nil {
+		if asleep, err := p.Supervisor.SleepsByItself(ctx, spec); err == nil {
+			r.Asleep = asleep
+		}
+	}
 	if ev := <-counters; ev.HaveProgress {
 		r.Progress.Counters, r.Progress.HaveCounters = ev.Progress, true
 	}

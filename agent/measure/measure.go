@@ -24,6 +24,7 @@ import (
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
+	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -102,6 +103,9 @@ const GPUReadingMaxAge = 15 * time.Second
 type Supervisor interface {
 	Status(ctx context.Context, spec supervisor.Spec) (supervisor.Status, error)
 	Probe(ctx context.Context, spec supervisor.Spec) error
+	// SleepsByItself asks an engine that sleeps by itself (llama.cpp's
+	// idle sleep) whether it does now; false for the others.
+	SleepsByItself(ctx context.Context, spec supervisor.Spec) (bool, error)
 }
 
 // Prober runs the rounds. Rounds may run at once (the planner's and a
@@ -148,7 +152,7 @@ func (p *Prober) Measure(ctx context.Context, snaps []model.Snapshot) *Measureme
 			case s.Config.Transport == config.TransportZMQ:
 				mm.Engine = zmqEvidence
 			default:
-				mm.Engine, _ = p.Scraper.Scrape(ctx, s.Spec.BaseURL(), s.Config.ActivityMetrics)
+				mm.Engine, _ = p.scrape(ctx, s.Spec, s.Config)
 			}
 			mu.Lock()
 			ms.Models[s.Config.Name] = mm
@@ -164,6 +168,16 @@ func (p *Prober) Measure(ctx context.Context, snaps []model.Snapshot) *Measureme
 		ms.Models[name] = mm
 	}
 	return ms
+}
+
+// scrape reads an engine's evidence: quietly (no endpoint that is work
+// to it) when it sleeps by itself, which a scrape must neither wake nor
+// keep awake.
+func (p *Prober) scrape(ctx context.Context, spec supervisor.Spec, cfg *config.Model) (enginemetrics.Evidence, error) {
+	if cfg.Sleep == sleepmode.LlamaCpp {
+		return p.Scraper.ScrapeQuiet(ctx, spec.BaseURL(), cfg.ActivityMetrics)
+	}
+	return p.Scraper.Scrape(ctx, spec.BaseURL(), cfg.ActivityMetrics)
 }
 
 // zmqEvidence is the engine evidence of a serving ZMQ worker. A worker

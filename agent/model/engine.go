@@ -185,6 +185,7 @@ func (m *Model) startSleep(op lifecycle.Op, req lifecycle.SleepRequest) {
 	if strategy == "" {
 		strategy = m.cfg.Sleep
 	}
+	strategy = supervisor.Performed(strategy) // llama.cpp's own sleep cannot be asked for: stopped
 	m.log.Info("putting to sleep", "strategy", strategy, "reason", req.Reason.String())
 	go func() {
 		ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.StopTimeout+m.cfg.DrainTimeout+30*time.Second)

@@ -27,6 +27,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,6 +158,9 @@ type Scraper struct {
 type found struct {
 	ep    endpoint
 	until time.Time // for epNone: when to ask again
+	// quiet: epNone was found by a quiet scrape, which did not ask every
+	// endpoint; a plain scrape asks them all anyway.
+	quiet bool
 }
 
 // errNoAdapter is an endpoint that answered, but not in a form napd reads.
@@ -167,15 +171,32 @@ var errNoAdapter = errors.New("no known activity metrics")
 // the zero Evidence ("no evidence") and the error, so the caller can log
 // why and still plan.
 func (s *Scraper) Scrape(ctx context.Context, baseURL string, custom []string) (Evidence, error) {
+	return s.scrape(ctx, baseURL, custom, endpoints)
+}
+
+// quietEndpoints are the endpoints that are no work to any engine:
+// llama.cpp's /slots is a task, which wakes a llama-server asleep by
+// itself and holds its idle sleep off; its /metrics is not.
+var quietEndpoints = []endpoint{epMetrics, epOllama}
+
+// ScrapeQuiet is Scrape asking only what an engine does not count as
+// work: for an engine that sleeps by itself when idle (llama-server
+// --sleep-idle-seconds), which a scrape must neither wake nor keep awake.
+func (s *Scraper) ScrapeQuiet(ctx context.Context, baseURL string, custom []string) (Evidence, error) {
+	return s.scrape(ctx, baseURL, custom, quietEndpoints)
+}
+
+func (s *Scraper) scrape(ctx context.Context, baseURL string, custom []string, eps []endpoint) (Evidence, error) {
 	root := strings.TrimSuffix(baseURL, "/")
 	now := s.now()
 	s.mu.Lock()
 	f, ok := s.known[root]
 	s.mu.Unlock()
-	if ok && f.ep == epNone && now.Before(f.until) {
+	quiet := len(eps) < len(endpoints)
+	if ok && f.ep == epNone && now.Before(f.until) && (quiet || !f.quiet) {
 		return Evidence{}, fmt.Errorf("scrape %s: %w (asked again after %s)", root, errNoAdapter, f.until.Sub(now).Round(time.Second))
 	}
-	if ok && f.ep != epNone {
+	if ok && f.ep != epNone && slices.Contains(eps, f.ep) {
 		ev, err := s.ask(ctx, root, f.ep, custom)
 		if err == nil {
 			return ev, nil
@@ -184,7 +205,7 @@ func (s *Scraper) Scrape(ctx context.Context, baseURL string, custom []string) (
 		return Evidence{}, err
 	}
 	var errs []error
-	for _, ep := range endpoints {
+	for _, ep := range eps {
 		ev, err := s.ask(ctx, root, ep, custom)
 		if err == nil {
 			s.remember(root, found{ep: ep})
@@ -199,7 +220,7 @@ func (s *Scraper) Scrape(ctx context.Context, baseURL string, custom []string) (
 			return Evidence{}, err
 		}
 	}
-	s.remember(root, found{ep: epNone, until: now.Add(recheck)})
+	s.remember(root, found{ep: epNone, until: now.Add(recheck), quiet: quiet})
 	return Evidence{}, errors.Join(errs...)
 }
 

@@ -270,3 +270,29 @@ func FuzzParseOllamaPS(f *testing.F) {
 		}
 	})
 }
+
+// A quiet scrape never asks /slots (a task to llama.cpp: it would wake a
+// llama-server asleep by itself and hold its idle sleep off), also of an
+// engine a plain scrape found there: without --metrics such an engine
+// gives no evidence rather than be woken.
+func TestScraper_QuietNeverAsksSlots(t *testing.T) {
+	url, hits := serve(t, map[string]route{
+		"/metrics": {status: http.StatusNotImplemented},
+		"/slots":   recorded(t, "slots-busy.http"),
+	})
+	s := new(Scraper)
+	if ev, err := s.Scrape(context.Background(), url, nil); err != nil || ev.Running != 1 {
+		t.Fatalf("plain scrape: %+v %v", ev, err)
+	}
+	before := hits["/slots"].Load()
+	if ev, err := s.ScrapeQuiet(context.Background(), url, nil); err == nil || ev.Have() {
+		t.Errorf("quiet scrape without /metrics: %+v %v; want no evidence", ev, err)
+	}
+	if n := hits["/slots"].Load() - before; n != 0 {
+		t.Errorf("a quiet scrape asked /slots %d times", n)
+	}
+	metricsURL, _ := serve(t, map[string]route{"/metrics": recorded(t, "metrics-busy.http")})
+	if ev, err := s.ScrapeQuiet(context.Background(), metricsURL, nil); err != nil || ev.Running != 1 {
+		t.Errorf("quiet scrape with /metrics: %+v %v", ev, err)
+	}
+}
