@@ -104,6 +104,10 @@ type Agent struct {
 	notify  *notify.Notifier
 	loops   sync.WaitGroup // model owner loops
 	helpers sync.WaitGroup // ticker, desk, status, engine events
+	// The router API's loads under way, and the bound on its event
+	// streams (every gateway's, across reloads).
+	loads   loads
+	streams *gateway.StreamLimit
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It
@@ -139,6 +143,7 @@ func Run(ctx context.Context, opts Options) error {
 		tracker: lease.NewTracker(lease.Options{}),
 		hub:     control.NewHub(),
 		notify:  notify.New(log),
+		streams: gateway.NewStreamLimit(0, 0),
 	}
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
@@ -470,6 +475,8 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 		Logger:         a.log,
 		Observe:        a.metrics.Request,
 		Admin:          a.adminHandler(),
+		Streams:        a.streams,
+		Stopping:       a.ctrlCtx.Done(),
 	}, (*gatewayModels)(a)), nil
 }
 

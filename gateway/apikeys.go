@@ -49,6 +49,10 @@ type Scope struct {
 	// Concurrency is the most requests the key may have in flight at once;
 	// 0 means no limit of its own.
 	Concurrency int
+	// Control: the key may load and unload models through llama.cpp's
+	// router API (POST /models/load, /models/unload), as an admin key may,
+	// without the admin API.
+	Control bool
 	// inflight counts the key's requests; a reload hands it to the key of
 	// the same name, so a limit holds across reloads.
 	inflight *atomic.Int64
@@ -139,7 +143,7 @@ func parseScope(name string, fields []string) (*Scope, error) {
 	for _, f := range fields {
 		field, value, ok := strings.Cut(f, "=")
 		if !ok {
-			return nil, errors.New("text after the key that is not a field (want models=, role= or concurrency=; a key cannot contain spaces)")
+			return nil, errors.New("text after the key that is not a field (want models=, role=, concurrency= or control=; a key cannot contain spaces)")
 		}
 		if seen[field] {
 			return nil, fmt.Errorf("field %q given twice", field)
@@ -169,8 +173,16 @@ func parseScope(name string, fields []string) (*Scope, error) {
 				return nil, fmt.Errorf("concurrency=%s: want a whole number from 1 to %d", value, maxKeyConcurrency)
 			}
 			s.Concurrency = c
+		case "control":
+			switch value {
+			case "true":
+				s.Control = true
+			case "false":
+			default:
+				return nil, fmt.Errorf("control=%s: want true or false", value)
+			}
 		default:
-			return nil, fmt.Errorf("unknown field %q (want models=, role= or concurrency=)", field)
+			return nil, fmt.Errorf("unknown field %q (want models=, role=, concurrency= or control=)", field)
 		}
 	}
 	return s, nil
@@ -224,6 +236,10 @@ func (s *Scope) mayList(m ModelInfo) bool {
 	}
 	return false
 }
+
+// mayControl reports whether the key may load and unload models (the
+// router API): an admin key, or one with control=true.
+func (s *Scope) mayControl() bool { return s.Role == RoleAdmin || s.Control }
 
 // acquire takes one of the key's concurrency slots; release gives it back.
 func (s *Scope) acquire() bool {

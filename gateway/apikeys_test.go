@@ -69,7 +69,8 @@ func TestLoadAPIKeys_ErrorsNameFileAndLineButNeverTheKey(t *testing.T) {
 		{"alice:sk-secret\nbob:sk-b concurrency=0\n", "keys:2: key \"bob\": concurrency=0: want a whole number from 1 to 100000"},
 		{"alice:sk-secret concurrency=1e9\n", "keys:1: key \"alice\": concurrency=1e9"},
 		{"alice:sk-secret role=admin role=admin\n", "keys:1: key \"alice\": field \"role\" given twice"},
-		{"alice:sk-secret model=x\n", "keys:1: key \"alice\": unknown field \"model\" (want models=, role= or concurrency=)"},
+		{"alice:sk-secret model=x\n", "keys:1: key \"alice\": unknown field \"model\" (want models=, role=, concurrency= or control=)"},
+		{"alice:sk-secret control=yes\n", "keys:1: key \"alice\": control=yes: want true or false"},
 		{"# only comments\n\n", "keys: no keys"},
 		{"# only comments\n\n", "keys: no keys"},
 	}

@@ -40,6 +40,14 @@ func Sleeps(name string) (bool, error) {
 	return s.sleep != nil, err
 }
 
+// KeepsEngine reports whether an engine asleep by the named strategy
+// keeps its process (a wake wakes it rather than starting it): every one
+// but stop (and none, which never sleeps).
+func KeepsEngine(name string) bool {
+	s, ok := strategies[name]
+	return ok && s.wake != nil
+}
+
 // Performed is the strategy a sleep asked for by name leaves the engine
 // in, as the model records it: a llama-server cannot be asked to sleep by
 // itself, so napd's own sleep of one stops it.

@@ -287,6 +287,22 @@ func (m *Model) Sleep(ctx context.Context, strategy string) error {
 	}
 }
 
+// StartSleep is Sleep without waiting for its outcome: it returns once the
+// loop took the operator sleep up (a drain begun, the sleep issued, or
+// asleep already), or with why it did not (unknown strategy, declined).
+// The outcome shows in the model's state.
+func (m *Model) StartSleep(strategy string) error {
+	result := make(chan error, 1) // the outcome, later, if nobody reads it
+	pending := false
+	if !m.call(func() { m.operatorSleep(strategy, result); pending = len(result) == 0 }) {
+		return m.removed()
+	}
+	if pending {
+		return nil
+	}
+	return <-result
+}
+
 func (m *Model) operatorSleep(strategy string, result chan error) {
 	if strategy == "" {
 		strategy = m.cfg.Sleep

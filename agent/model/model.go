@@ -571,6 +571,8 @@ func (m *Model) noteState() {
 		attrs = append(attrs, "unit", unit)
 	}
 	m.log.Info("state changed", attrs...)
+	// Published first: whoever the event wakes reads the new state.
+	m.publish()
 	m.emit(control.Event{Kind: control.EventState, From: from, To: after.State.String(), Reason: after.Reason})
 	if m.d.StatusChanged != nil {
 		m.d.StatusChanged()
