@@ -143,10 +143,13 @@ func (d *decoder) addAt(e entry, msg string) { d.add(e.file, e.line, e.path, msg
 // configuration, or every problem found, sorted by file and line.
 func (d *decoder) finish() (*Config, error) {
 	d.resolveModels()
+	byPosition := func(a, b Problem) int {
+		return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
+	}
+	// Warnings too: they are found walking a table's keys, in map order.
+	slices.SortStableFunc(d.warnings, byPosition)
 	if len(d.errs) > 0 {
-		slices.SortStableFunc(d.errs, func(a, b Problem) int {
-			return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
-		})
+		slices.SortStableFunc(d.errs, byPosition)
 		// A template's value checked for each model that takes it is
 		// reported once.
 		return nil, slices.Compact(d.errs)
