@@ -97,17 +97,23 @@ func (c *call) status(m ModelInfo) routerStatus {
 	return s
 }
 
+// modelCard is what llama.cpp says of a model: in each GET /models entry,
+// and as a status_change to loaded's info.
+type modelCard struct {
+	ID      string   `json:"id"`
+	Aliases []string `json:"aliases"`
+	Tags    []string `json:"tags"`
+	Object  string   `json:"object"`
+	OwnedBy string   `json:"owned_by"`
+	Created int64    `json:"created"`
+}
+
 // routerEntry is one entry of GET /models (llama.cpp's shape, with napd's
 // own object as /v1/models has it).
 type routerEntry struct {
-	ID      string       `json:"id"`
-	Aliases []string     `json:"aliases"`
-	Tags    []string     `json:"tags"`
-	Object  string       `json:"object"`
-	OwnedBy string       `json:"owned_by"`
-	Created int64        `json:"created"`
-	Status  routerStatus `json:"status"`
-	Napd    modelNapd    `json:"napd"`
+	modelCard
+	Status routerStatus `json:"status"`
+	Napd   modelNapd    `json:"napd"`
 }
 
 func (c *call) routerEntry(m ModelInfo, alias string) routerEntry {
@@ -116,8 +122,8 @@ func (c *call) routerEntry(m ModelInfo, alias string) routerEntry {
 	if alias != "" || aliases == nil {
 		aliases = []string{}
 	}
-	return routerEntry{ID: e.ID, Aliases: aliases, Tags: []string{}, Object: e.Object, OwnedBy: e.OwnedBy,
-		Created: e.Created, Status: e.Status, Napd: e.Napd}
+	return routerEntry{modelCard: modelCard{ID: e.ID, Aliases: aliases, Tags: []string{}, Object: e.Object, OwnedBy: e.OwnedBy,
+		Created: e.Created}, Status: e.Status, Napd: e.Napd}
 }
 
 // router serves the router API's paths on the shared socket.
@@ -286,20 +292,10 @@ type routerEvent struct {
 type eventData struct {
 	Status   LoadState     `json:"status"`
 	Progress *loadProgress `json:"progress,omitempty"`
-	Info     *eventInfo    `json:"info,omitempty"`
+	Info     *modelCard    `json:"info,omitempty"`
 	ExitCode *int          `json:"exit_code,omitempty"`
 	Failed   bool          `json:"failed,omitempty"`
 	Reason   string        `json:"reason,omitempty"`
-}
-
-// eventInfo is what a status_change to loaded says of the model.
-type eventInfo struct {
-	ID      string   `json:"id"`
-	Aliases []string `json:"aliases"`
-	Tags    []string `json:"tags"`
-	Object  string   `json:"object"`
-	Created int64    `json:"created"`
-	OwnedBy string   `json:"owned_by"`
 }
 
 var exitClean = 0
@@ -448,8 +444,8 @@ func changeData(c *call, m ModelInfo, alias string, st routerStatus) *eventData 
 	d := &eventData{Status: st.Value, Progress: st.Progress}
 	switch st.Value {
 	case LoadLoaded:
-		e := c.routerEntry(m, alias)
-		d.Info = &eventInfo{ID: e.ID, Aliases: e.Aliases, Tags: e.Tags, Object: e.Object, Created: e.Created, OwnedBy: e.OwnedBy}
+		card := c.routerEntry(m, alias).modelCard
+		d.Info = &card
 	case LoadUnloaded:
 		d.ExitCode = &exitClean
 		if st.Failed {

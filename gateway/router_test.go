@@ -141,15 +141,6 @@ func (e *routerEnv) asRemote(method, path, body string) *httptest.ResponseRecord
 	return rec
 }
 
-func jsonOf(t *testing.T, b []byte) any {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("%s: %v", b, err)
-	}
-	return v
-}
-
 var states = newRouterModels(
 	ModelInfo{Name: "up", Aliases: []string{"u"}, State: "awake", Load: LoadLoaded, Args: []string{"/usr/bin/llama-server", "-m", "/srv/models/up.gguf"}},
 	ModelInfo{Name: "waking", State: "waking", Load: LoadLoading},
@@ -173,7 +164,7 @@ func TestRouter_ModelsList(t *testing.T) {
 		Data   []map[string]any `json:"data"`
 	}
 	json.Unmarshal(b, &list)
-	recorded := jsonOf(t, httpfixture.Load(t, routerRecordings+"models-loaded.http").Body).(map[string]any)["data"].([]any)[0].(map[string]any)
+	recorded := httpfixture.JSON(t, httpfixture.Load(t, routerRecordings+"models-loaded.http").Body).(map[string]any)["data"].([]any)[0].(map[string]any)
 	if list.Object != "list" || len(list.Data) != 5 {
 		t.Fatalf("list %s", b)
 	}
@@ -204,7 +195,7 @@ func TestRouter_ModelsList(t *testing.T) {
 	}
 	// /v1/models carries the same status beside napd's own fields.
 	_, b = e.do("GET", "/v1/models", "")
-	v1 := jsonOf(t, b).(map[string]any)["data"].([]any)
+	v1 := httpfixture.JSON(t, b).(map[string]any)["data"].([]any)
 	if s := v1[4].(map[string]any)["status"].(map[string]any); s["value"] != "unloaded" || s["failed"] != true {
 		t.Errorf("/v1/models status %v", s)
 	}
@@ -223,7 +214,7 @@ func TestRouter_ModelsList(t *testing.T) {
 func TestRouter_ModelsListAliases(t *testing.T) {
 	e := newRouterEnv(t, Options{ListAliases: true}, newRouterModels(states.List()[0]))
 	_, b := e.do("GET", "/models", "")
-	data := jsonOf(t, b).(map[string]any)["data"].([]any)
+	data := httpfixture.JSON(t, b).(map[string]any)["data"].([]any)
 	if len(data) != 2 || data[1].(map[string]any)["id"] != "u" || data[1].(map[string]any)["status"].(map[string]any)["value"] != "loaded" {
 		t.Errorf("entries %s", b)
 	}
@@ -238,7 +229,7 @@ func TestRouter_LoadAndUnload(t *testing.T) {
 	e := newRouterEnv(t, Options{}, m)
 	same := func(what string, b []byte, file string) {
 		t.Helper()
-		if rec := httpfixture.Load(t, routerRecordings+file); !reflect.DeepEqual(jsonOf(t, b), jsonOf(t, rec.Body)) {
+		if rec := httpfixture.Load(t, routerRecordings+file); !reflect.DeepEqual(httpfixture.JSON(t, b), httpfixture.JSON(t, rec.Body)) {
 			t.Errorf("%s = %s, llama.cpp answered %s", what, b, rec.Body)
 		}
 	}
@@ -261,8 +252,8 @@ func TestRouter_LoadAndUnload(t *testing.T) {
 		}
 	}
 	resp, b = e.do("POST", "/models/load", `{"model":"nosuch"}`)
-	unknown := jsonOf(t, httpfixture.Load(t, routerRecordings+"load-unknown.http").Body).(map[string]any)["error"].(map[string]any)
-	got := jsonOf(t, b).(map[string]any)["error"].(map[string]any)
+	unknown := httpfixture.JSON(t, httpfixture.Load(t, routerRecordings+"load-unknown.http").Body).(map[string]any)["error"].(map[string]any)
+	got := httpfixture.JSON(t, b).(map[string]any)["error"].(map[string]any)
 	if resp.StatusCode != 404 || got["type"] != unknown["type"] || got["code"] != unknown["code"] {
 		t.Errorf("load of an unknown model = %d %s; llama.cpp answers %v", resp.StatusCode, b, unknown)
 	}

@@ -44,13 +44,5 @@ func llamacppWake(ctx context.Context, t target) error {
 }
 
 func llamacppAsleep(ctx context.Context, t target) (bool, error) {
-	body, err := t.getBounded(ctx, "/props", maxProps)
-	if err != nil {
-		return false, err
-	}
-	sleeping, err := parseIsSleeping(body)
-	if err != nil {
-		return false, fmt.Errorf("GET /props: %w", err)
-	}
-	return sleeping, nil
+	return isSleeping(ctx, t, "/props", maxProps)
 }

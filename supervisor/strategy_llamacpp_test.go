@@ -36,13 +36,9 @@ func newLlamaServer(t *testing.T) *llamaServer {
 }
 
 func (l *llamaServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
+	line := requestLine(r)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	line := r.Method + " " + r.URL.RequestURI()
-	if len(body) > 0 {
-		line += " " + string(body)
-	}
 	l.reqs = append(l.reqs, line)
 	switch r.URL.Path {
 	case "/health":

@@ -75,14 +75,21 @@ type recordingEngine struct {
 	healthCode  int
 }
 
-func (e *recordingEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// requestLine is a request as the fake engines record it: "METHOD
+// /path?query body".
+func requestLine(r *http.Request) string {
 	body, _ := io.ReadAll(r.Body)
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	line := r.Method + " " + r.URL.RequestURI()
 	if len(body) > 0 {
 		line += " " + string(body)
 	}
+	return line
+}
+
+func (e *recordingEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	line := requestLine(r)
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.reqs = append(e.reqs, line)
 	switch r.URL.Path {
 	case "/health":

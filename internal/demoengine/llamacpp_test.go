@@ -2,7 +2,6 @@ package demoengine
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
@@ -52,15 +51,6 @@ func shapeDiff(want, got any, at string) []string {
 	return out
 }
 
-func unjson(t *testing.T, b []byte) any {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("%q: %v", b, err)
-	}
-	return v
-}
-
 // The llama.cpp flavor answers as the real llama-server did (recorded in
 // testdata/llamacpp): the same statuses, no field llama.cpp does not send,
 // the fields napd reads, and the same metric families.
@@ -88,7 +78,7 @@ func TestLlamaCpp_ShapesAsRecorded(t *testing.T) {
 			t.Errorf("%s: status %d, recorded %d", tt.path, got.Code, rec.Status)
 			continue
 		}
-		w, g := unjson(t, rec.Body), unjson(t, got.Body.Bytes())
+		w, g := httpfixture.JSON(t, rec.Body), httpfixture.JSON(t, got.Body.Bytes())
 		switch {
 		case tt.exact && !reflect.DeepEqual(w, g):
 			t.Errorf("%s = %s, recorded %s", tt.path, got.Body, rec.Body)
@@ -143,8 +133,8 @@ func TestLlamaCpp_BusySlotAsRecorded(t *testing.T) {
 			t.Fatalf("no busy slot in %v", slots)
 			return nil
 		}
-		rec := busy(unjson(t, httpfixture.Load(t, recordings+"slots-busy.http").Body))
-		got := busy(unjson(t, do(e.Handler(), "GET", "/slots", "").Body.Bytes()))
+		rec := busy(httpfixture.JSON(t, httpfixture.Load(t, recordings+"slots-busy.http").Body))
+		got := busy(httpfixture.JSON(t, do(e.Handler(), "GET", "/slots", "").Body.Bytes()))
 		for _, d := range shapeDiff(rec, got, "busy slot") {
 			t.Error(d)
 		}

@@ -8,6 +8,7 @@ package httpfixture
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -60,6 +61,17 @@ func Load(t testing.TB, path string) *Response {
 		t.Fatalf("%s: %v", path, err)
 	}
 	return r
+}
+
+// JSON decodes a JSON document (a recorded body, or an answer to compare
+// with one), failing the test when it is not one.
+func JSON(t testing.TB, b []byte) any {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%q: %v", b, err)
+	}
+	return v
 }
 
 // Serve writes r as the answer to a request: its headers but those that

@@ -33,7 +33,7 @@ func (c routerClient) post(path, body string) (int, any) {
 	if err != nil {
 		c.t.Fatalf("POST %s: %v", path, err)
 	}
-	return resp.StatusCode, decodeJSON(c.t, b)
+	return resp.StatusCode, httpfixture.JSON(c.t, b)
 }
 
 // status is GET /models' status.value of model, and its entry.
@@ -121,18 +121,9 @@ func path(events []string) []string {
 	return out
 }
 
-func decodeJSON(t *testing.T, b []byte) any {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("%s: %v", b, err)
-	}
-	return v
-}
-
 func recordedJSON(t *testing.T, file string) (int, any) {
 	r := httpfixture.Load(t, recorded+file)
-	return r.Status, decodeJSON(t, r.Body)
+	return r.Status, httpfixture.JSON(t, r.Body)
 }
 
 // The recorded router exchange (testdata/llamacpp/router, a real
