@@ -33,7 +33,9 @@ func loadState(s model.Snapshot) gateway.LoadState {
 	return gateway.LoadUnloaded
 }
 
-// routerInfo fills the router API's part of a model's listing.
+// routerInfo fills the router API's part of a model's listing. A load's
+// progress, once the model layer measures one, goes in info.Progress
+// (0 to 1, while loading): /models and /models/sse show it then.
 func routerInfo(info *gateway.ModelInfo, s model.Snapshot) {
 	info.Load = loadState(s)
 	info.Failed = s.Lifecycle.State == lifecycle.Failed
