@@ -106,6 +106,10 @@ type Agent struct {
 	notify  *notify.Notifier
 	loops   sync.WaitGroup // model owner loops
 	helpers sync.WaitGroup // ticker, desk, status, engine events
+	// The router API's loads under way, and the bound on its event
+	// streams (every gateway's, across reloads).
+	loads   loads
+	streams *gateway.StreamLimit
 }
 
 // Run runs napd until ctx is cancelled (SIGTERM/SIGINT in cmd/napd). It
@@ -141,6 +145,7 @@ func Run(ctx context.Context, opts Options) error {
 		tracker: lease.NewTracker(lease.Options{}),
 		hub:     control.NewHub(),
 		notify:  notify.New(log),
+		streams: gateway.NewStreamLimit(0, 0),
 	}
 	a.ctrlCtx, a.endControl = context.WithCancel(runCtx)
 	a.cfg.Store(cfg)
@@ -368,6 +373,8 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics.Handler())
+		engines := &enginemetrics.Scraper{Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: metricsIdle}}}
+		mux.Handle(metrics.EnginesPath, metrics.EnginesHandler(a.engineTargets, engines.Families, a.log.With("listener", "metrics")))
 		s.metrics = newServer(mux)
 		// A scraper needs few connections; a local user gets no more.
 		s.metrics.IdleTimeout = metricsIdle
@@ -383,6 +390,22 @@ func (a *Agent) serve(cfg *config.Config) (*servers, error) {
 		"control", cfg.Agent.ControlSocket, "metrics", cfg.Agent.MetricsListen,
 		"haproxy_agent", cfg.Agent.HAProxyAgentListen)
 	return s, nil
+}
+
+// engineTargets are the engines /metrics/engines reads: those of the
+// models that serve (or drain) now; a sleeping model's is never asked.
+func (a *Agent) engineTargets() []metrics.EngineTarget {
+	list := a.reg.Load().list
+	out := make([]metrics.EngineTarget, 0, len(list))
+	for _, m := range list {
+		s := m.Snapshot()
+		t := metrics.EngineTarget{Model: m.Name()}
+		if st := s.Lifecycle.State; s.Config.Transport == config.TransportHTTP && (st.Serving() || st == lifecycle.Draining) {
+			t.URL = s.Spec.BaseURL()
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 func addrs(ls []net.Listener) []string {
@@ -462,6 +485,8 @@ func (a *Agent) newGateway(cfg *config.Config) (*gateway.Gateway, error) {
 		Logger:         a.log,
 		Observe:        a.observe,
 		Admin:          a.adminHandler(),
+		Streams:        a.streams,
+		Stopping:       a.ctrlCtx.Done(),
 	}, (*gatewayModels)(a)), nil
 }
 

@@ -59,7 +59,7 @@ func (a *Agent) Status() control.Status {
 		if holders := a.desk.WaitingFor(m.Name()); holders != "" {
 			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders
 		}
-		if since := s.Lifecycle.IdleSince(ev); ev.Active == 0 && !since.IsZero() {
+		if since := ms.IdleSince(m.Name(), s.Lifecycle, ev); ev.Active == 0 && !since.IsZero() {
 			row.IdleSince = &since
 		}
 		if ms != nil {
@@ -89,13 +89,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 	events, cancel := a.hub.Subscribe()
 	defer cancel()
 	done := make(chan error, 1)
-	go func() {
-		t, err := m.Admit(ctx, lease.Request{Model: m.Name(), Client: "napctl", Kind: request.Other})
-		if err == nil {
-			t.Done(gateway.Outcome{})
-		}
-		done <- err
-	}()
+	go func() { done <- admitOnce(ctx, m, "napctl") }()
 	for {
 		select {
 		case err := <-done:
@@ -110,6 +104,17 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 			}
 		}
 	}
+}
+
+// admitOnce is an arrival with no request behind it (napctl wake, a
+// router API load, a warm wake): it holds a lease while the model wakes,
+// so the planner leaves it alone, and ends it once admitted.
+func admitOnce(ctx context.Context, m *model.Model, client string) error {
+	t, err := m.Admit(ctx, lease.Request{Model: m.Name(), Client: client, Kind: request.Other})
+	if err == nil {
+		t.Done(gateway.Outcome{})
+	}
+	return err
 }
 
 // Sleep implements control.Controller. An operator sleep drains live

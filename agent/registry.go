@@ -293,6 +293,7 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 		if holders := g.agent().desk.WaitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders
 		}
+		routerInfo(&info, s)
 		out = append(out, info)
 	}
 	return out

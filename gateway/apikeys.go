@@ -60,6 +60,10 @@ type Scope struct {
 	GPUHoursPerDay float64
 	TokensPerDay   int64
 	line           int // in the keys file, for messages
+	// Control: the key may load and unload models through llama.cpp's
+	// router API (POST /models/load, /models/unload), as an admin key may,
+	// without the admin API.
+	Control bool
 	// inflight counts the key's requests; a reload hands it to the key of
 	// the same name, so a limit holds across reloads.
 	inflight *atomic.Int64
@@ -225,6 +229,14 @@ func parseScope(name string, fields []string) (*Scope, error) {
 				return nil, fmt.Errorf("tokens_per_day=%s: want a whole number from 1 to %d", value, int64(maxTokens))
 			}
 			s.TokensPerDay = n
+		case "control":
+			switch value {
+			case "true":
+				s.Control = true
+			case "false":
+			default:
+				return nil, fmt.Errorf("control=%s: want true or false", value)
+			}
 		default:
 			return nil, fmt.Errorf("unknown field %q (want %s)", field, fieldList)
 		}
@@ -236,7 +248,7 @@ func parseScope(name string, fields []string) (*Scope, error) {
 }
 
 // fieldList names the fields a key may have, for messages.
-const fieldList = "models=, role=, concurrency=, priority=, gpu_hours_per_day= or tokens_per_day="
+const fieldList = "models=, role=, concurrency=, control=, priority=, gpu_hours_per_day= or tokens_per_day="
 
 // Limited reports a key with a quota (an admin key never has one).
 func (s *Scope) Limited() bool {
@@ -294,6 +306,10 @@ func (s *Scope) mayList(m ModelInfo) bool {
 	}
 	return false
 }
+
+// mayControl reports whether the key may load and unload models (the
+// router API): an admin key, or one with control=true.
+func (s *Scope) mayControl() bool { return s.Role == RoleAdmin || s.Control }
 
 // acquire takes one of the key's concurrency slots; release gives it back.
 func (s *Scope) acquire() bool {

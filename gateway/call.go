@@ -69,6 +69,7 @@ type call struct {
 
 	anthropic   bool // an Anthropic route: errors in Anthropic's shape
 	corsAllowed bool // napd set the CORS headers of an allowed origin
+	seesArgs    bool // model listings show the engines' command lines (admins)
 
 	// For served_name: the model name or alias the client sent ("" when
 	// the request was not routed by a name it carries), whether it came in
@@ -650,24 +651,32 @@ func (c *call) listModels(r *http.Request) {
 		c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on /v1/models")
 		return
 	}
+	c.seesArgs = c.isAdmin(r)
 	infos := c.g.models.List()
 	list := modelList{Object: "list", Data: make([]modelEntry, 0, len(infos))}
+	c.listed(infos, func(m ModelInfo, alias string) { list.Data = append(list.Data, c.entry(m, alias)) })
+	c.writeValue(http.StatusOK, list)
+}
+
+// listed calls add for every entry of a listing the request's key may see:
+// each model (by name, alias ""), followed by its aliases when
+// Options.ListAliases is set.
+func (c *call) listed(infos []ModelInfo, add func(m ModelInfo, alias string)) {
 	for _, m := range infos {
 		if !c.scope.mayList(m) {
 			continue
 		}
 		if !c.g.opts.ListAliases || c.scope.MayUse(m.Name, m.Name) {
-			list.Data = append(list.Data, c.g.entry(m, ""))
+			add(m, "")
 		}
 		if c.g.opts.ListAliases {
 			for _, a := range m.Aliases {
 				if c.scope.MayUse(a, m.Name) {
-					list.Data = append(list.Data, c.g.entry(m, a))
+					add(m, a)
 				}
 			}
 		}
 	}
-	c.writeValue(http.StatusOK, list)
 }
 
 // getModel serves GET /v1/models/<name or alias>: the entry /v1/models
@@ -685,11 +694,10 @@ func (c *call) getModel(r *http.Request, name string) {
 	if model != name && c.g.opts.ListAliases {
 		alias = name
 	}
-	for _, m := range c.g.models.List() {
-		if m.Name == model {
-			c.writeValue(http.StatusOK, c.g.entry(m, alias))
-			return
-		}
+	c.seesArgs = c.isAdmin(r)
+	if m, ok := c.info(model); ok {
+		c.writeValue(http.StatusOK, c.entry(m, alias))
+		return
 	}
 	// Removed by a reload between Resolve and List.
 	c.fail(http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q does not exist", name))
@@ -706,6 +714,9 @@ type modelEntry struct {
 	Created int64     `json:"created"`
 	OwnedBy string    `json:"owned_by"`
 	Napd    modelNapd `json:"napd"`
+	// Status is the router API's status object (router.go), for the UIs
+	// that read it from /v1/models too.
+	Status routerStatus `json:"status"`
 }
 
 type modelNapd struct {
@@ -719,10 +730,11 @@ type modelNapd struct {
 
 // entry is m's /v1/models entry or, when alias is not "", the entry of
 // that alias of m.
-func (g *Gateway) entry(m ModelInfo, alias string) modelEntry {
+func (c *call) entry(m ModelInfo, alias string) modelEntry {
 	e := modelEntry{
-		ID: m.Name, Object: "model", Created: g.created, OwnedBy: "napd",
-		Napd: modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases, RoomWaiting: m.RoomWaiting, WaitingFor: m.WaitingFor},
+		ID: m.Name, Object: "model", Created: c.g.created, OwnedBy: "napd",
+		Napd:   modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases, RoomWaiting: m.RoomWaiting, WaitingFor: m.WaitingFor},
+		Status: c.status(m),
 	}
 	if alias != "" {
 		e.ID, e.Napd.AliasOf, e.Napd.Aliases = alias, m.Name, nil

@@ -71,6 +71,16 @@ type Options struct {
 	// Quotas, when set, is asked for the day's use of a key with a quota
 	// (gpu_hours_per_day=, tokens_per_day=) before each of its requests.
 	Quotas Quotas
+	// Streams bounds the event streams of GET /models/sse (nil: a limit
+	// of this gateway's own, with the defaults); napd hands every
+	// gateway the same one, so a reload frees no room.
+	Streams *StreamLimit
+	// StreamKeepAlive is how often an idle event stream gets a comment; 0
+	// means DefaultStreamKeepAlive.
+	StreamKeepAlive time.Duration
+	// Stopping, closed when napd starts stopping, ends the event streams
+	// cleanly (nil: never).
+	Stopping <-chan struct{}
 	// SpoolDir holds the part of a multipart upload read before its model
 	// field, beyond what is kept in memory, in unnamed files; "" means
 	// os.TempDir() (private to napd under its unit's PrivateTmp=).
@@ -137,6 +147,7 @@ type Gateway struct {
 	routes  map[string]Route // by path
 	origins map[string]bool  // CORSOrigins
 	rules   pathrule.Rules
+	streams *StreamLimit
 	// spooled, when set (by tests), learns how much of each form's head
 	// was held in memory and on disk.
 	spooled func(inMemory int, onDisk int64)
@@ -161,6 +172,9 @@ func New(opts Options, models Models) *Gateway {
 		g.opts.Priorities = priority.DefaultClasses
 	}
 	g.rules = pathrule.New(opts.UpstreamDeny, opts.UpstreamAllow)
+	if g.streams = opts.Streams; g.streams == nil {
+		g.streams = NewStreamLimit(0, 0)
+	}
 	g.created = g.now().Unix()
 	g.proxy = g.newProxy()
 	g.routes = make(map[string]Route, len(opts.Routes))
@@ -179,7 +193,8 @@ func (g *Gateway) APIKeys() *APIKeys { return g.opts.APIKeys }
 
 // Handler serves the shared gateway socket: /health, /health/models/NAME,
 // /v1/models, the OpenAI and Anthropic POST routes (by the body's model),
-// the configured Routes and /upstream/<model>/<path>.
+// llama.cpp's router API (/models…), the configured Routes and
+// /upstream/<model>/<path>.
 func (g *Gateway) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.serve(w, r, "")
@@ -256,6 +271,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, dedicated string
 		c.upstream(r)
 	case strings.HasPrefix(path, modelHealthPrefix):
 		c.modelHealth(r, strings.TrimPrefix(path, modelHealthPrefix))
+	case isRouterPath(path):
+		c.router(r)
 	case strings.HasPrefix(path, "/v1/"):
 		if r.Method != http.MethodPost {
 			c.fail(http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+path)

@@ -86,6 +86,18 @@ type ModelInfo struct {
 	// WaitingFor ("" when it does not wait).
 	RoomWaiting int
 	WaitingFor  string
+
+	// For llama.cpp's router API (router.go), also in /v1/models:
+	// Load is its state in that vocabulary ("" is unloaded); Failed, a
+	// failed model (Reason says why); Args, the engine's command line,
+	// shown to admins only.
+	Load   LoadState
+	Failed bool
+	Args   []string
+	// Progress is how far a load got, from 0 to 1, while the model
+	// loads and the model layer knows it (nil: it does not); GET /models
+	// and /models/sse show it.
+	Progress *float64
 }
 
 // Quotas is what the gateway asks of napd's accounting about a key with a

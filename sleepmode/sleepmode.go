@@ -12,5 +12,9 @@ const (
 	VLLML1 = "vllm-l1" // vLLM sleep mode level 1 (weights offloaded to host memory)
 	VLLML2 = "vllm-l2" // vLLM sleep mode level 2 (weights discarded)
 	SGLang = "sglang"  // SGLang release/resume memory occupation
-	None   = "none"    // never put to sleep
+	// LlamaCpp is llama.cpp's own idle sleep (llama-server
+	// --sleep-idle-seconds): the engine frees its weights by itself and
+	// reloads them on its next task; a sleep napd itself asks for stops it.
+	LlamaCpp = "llamacpp"
+	None     = "none" // never put to sleep
 )

@@ -37,23 +37,30 @@ func (t target) post(ctx context.Context, c controlCall) error {
 
 // get fetches path and returns the answer of a 2xx.
 func (t target) get(ctx context.Context, path string) ([]byte, error) {
+	return t.getBounded(ctx, path, maxControlAnswer)
+}
+
+// getBounded is get reading at most limit bytes of the answer.
+func (t target) getBounded(ctx context.Context, path string, limit int64) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.spec.BaseURL()+path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
-	return t.do(req)
+	return t.doBounded(req, limit)
 }
 
 // do runs req. Errors name the method, path and status, never the answer's
 // body.
-func (t target) do(req *http.Request) ([]byte, error) {
+func (t target) do(req *http.Request) ([]byte, error) { return t.doBounded(req, maxControlAnswer) }
+
+func (t target) doBounded(req *http.Request, limit int64) ([]byte, error) {
 	what := req.Method + " " + req.URL.RequestURI()
 	resp, err := t.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxControlAnswer))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

@@ -18,15 +18,19 @@ type strategy struct {
 	wake func(ctx context.Context, t target) error
 	// asleep asks the engine whether it sleeps.
 	asleep func(ctx context.Context, t target) (bool, error)
+	// self: the engine goes to sleep by itself (llama.cpp's idle sleep),
+	// not only when napd asks; asleep tells when it has.
+	self bool
 }
 
 // strategies is every sleep strategy by its name.
 var strategies = map[string]strategy{
-	sleepmode.Stop:   {sleep: stopSleep},
-	sleepmode.VLLML1: vllmStrategy(1),
-	sleepmode.VLLML2: vllmStrategy(2),
-	sleepmode.SGLang: {sleep: sglangRelease, wake: sglangResume},
-	sleepmode.None:   {},
+	sleepmode.Stop:     {sleep: stopSleep},
+	sleepmode.VLLML1:   vllmStrategy(1),
+	sleepmode.VLLML2:   vllmStrategy(2),
+	sleepmode.SGLang:   {sleep: sglangRelease, wake: sglangResume},
+	sleepmode.LlamaCpp: llamacppStrategy,
+	sleepmode.None:     {},
 }
 
 // Sleeps reports whether the named strategy puts an engine to sleep
@@ -34,6 +38,24 @@ var strategies = map[string]strategy{
 func Sleeps(name string) (bool, error) {
 	s, err := lookupStrategy(name)
 	return s.sleep != nil, err
+}
+
+// KeepsEngine reports whether an engine asleep by the named strategy
+// keeps its process (a wake wakes it rather than starting it): every one
+// but stop (and none, which never sleeps).
+func KeepsEngine(name string) bool {
+	s, ok := strategies[name]
+	return ok && s.wake != nil
+}
+
+// Performed is the strategy a sleep asked for by name leaves the engine
+// in, as the model records it: a llama-server cannot be asked to sleep by
+// itself, so napd's own sleep of one stops it.
+func Performed(name string) string {
+	if name == sleepmode.LlamaCpp {
+		return sleepmode.Stop
+	}
+	return name
 }
 
 func lookupStrategy(name string) (strategy, error) {

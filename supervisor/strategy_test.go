@@ -75,14 +75,21 @@ type recordingEngine struct {
 	healthCode  int
 }
 
-func (e *recordingEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// requestLine is a request as the fake engines record it: "METHOD
+// /path?query body".
+func requestLine(r *http.Request) string {
 	body, _ := io.ReadAll(r.Body)
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	line := r.Method + " " + r.URL.RequestURI()
 	if len(body) > 0 {
 		line += " " + string(body)
 	}
+	return line
+}
+
+func (e *recordingEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	line := requestLine(r)
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.reqs = append(e.reqs, line)
 	switch r.URL.Path {
 	case "/health":
@@ -267,13 +274,13 @@ func TestStrategies_ControlErrorNamesTheCall(t *testing.T) {
 }
 
 func TestStrategyTable_CoversConfig(t *testing.T) {
-	for _, name := range []string{sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.None} {
+	for _, name := range []string{sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.LlamaCpp, sleepmode.None} {
 		if _, err := lookupStrategy(name); err != nil {
 			t.Error(err)
 		}
 	}
-	if len(strategies) != 5 {
-		t.Errorf("%d strategies, config names 5", len(strategies))
+	if len(strategies) != 6 {
+		t.Errorf("%d strategies, config names 6", len(strategies))
 	}
 }
 

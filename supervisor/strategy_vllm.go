@@ -61,13 +61,19 @@ func vllmExpect(ctx context.Context, t target, want bool, step string) error {
 }
 
 func vllmIsSleeping(ctx context.Context, t target) (bool, error) {
-	body, err := t.get(ctx, "/is_sleeping")
+	return isSleeping(ctx, t, "/is_sleeping", maxControlAnswer)
+}
+
+// isSleeping reads the is_sleeping of the JSON object at path (an answer
+// of at most limit bytes).
+func isSleeping(ctx context.Context, t target, path string, limit int64) (bool, error) {
+	body, err := t.getBounded(ctx, path, limit)
 	if err != nil {
 		return false, err
 	}
 	sleeping, err := parseIsSleeping(body)
 	if err != nil {
-		return false, fmt.Errorf("GET /is_sleeping: %w", err)
+		return false, fmt.Errorf("GET %s: %w", path, err)
 	}
 	return sleeping, nil
 }

@@ -189,6 +189,20 @@ func (s *Supervisor) wake(ctx context.Context, spec Spec, verify Verify, checkPo
 	return nil
 }
 
+// SleepsByItself asks an engine whose strategy sleeps by itself
+// (llama.cpp's idle sleep) whether it does now; false for every other
+// strategy, which sleeps only when napd asks. It reads only what does not
+// wake the engine.
+func (s *Supervisor) SleepsByItself(ctx context.Context, spec Spec) (bool, error) {
+	strat, err := lookupStrategy(spec.Sleep)
+	if err != nil || !strat.self {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	return strat.asleep(ctx, s.target(spec))
+}
+
 // Probe asks an awake engine's health path once, within ctx and the probe
 // timeout: nil when it answered 200. It watches engines that serve; it
 // neither starts nor wakes anything.

@@ -213,6 +213,7 @@ func TestParse_Errors(t *testing.T) {
 		{"route on napd's path", "[gateway]\nroutes = [\"POST /v1/x\"]\n", 2, "gateway.routes", "one of napd's own paths"},
 		{"route on health", "[gateway]\nroutes = [\"GET /health\"]\n", 2, "gateway.routes", "one of napd's own paths"},
 		{"route on the admin API", "[gateway]\nroutes = [\"GET /napd/v1/status\"]\n", 2, "gateway.routes", "one of napd's own paths"},
+		{"route on the router API", "[gateway]\nroutes = [\"POST /models/load\"]\n", 2, "gateway.routes", "one of napd's own paths"},
 		{"route with query", "[gateway]\nroutes = [\"GET /props?x=1\"]\n", 2, "gateway.routes", "must start with /"},
 		{"route twice", "[gateway]\nroutes = [\"POST /a\", \"GET /a\"]\n", 2, "gateway.routes", "element 1: path /a is already routed by element 0"},
 		{"cors origin with path", "[gateway]\ncors_origins = [\"https://a.example/app\"]\n", 2, "gateway.cors_origins", "bad origin"},
@@ -283,7 +284,7 @@ port = 8000
 	want := []string{
 		`test.toml:2: agent.supervisor: unknown value "k8s" (want "auto", "systemd", "exec")`,
 		`test.toml:3: agent.log_level: want a string, got integer`,
-		`test.toml:8: models.b.sleep: unknown value "hibernate" (want "stop", "vllm-l1", "vllm-l2", "sglang", "none")`,
+		`test.toml:8: models.b.sleep: unknown value "hibernate" (want "stop", "vllm-l1", "vllm-l2", "sglang", "llamacpp", "none")`,
 		`test.toml:12: models.a.port: port 8000 is already used by model b`,
 	}
 	if got := strings.Split(errs.Error(), "\n"); !reflect.DeepEqual(got, want) {

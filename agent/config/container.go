@@ -202,5 +202,5 @@ func (c *Config) CheckNotes() []string {
 	for _, rt := range slices.Sorted(maps.Keys(users)) {
 		notes = append(notes, fmt.Sprintf("container runtime %s for %s", rt, strings.Join(users[rt], ", ")))
 	}
-	return notes
+	return append(notes, c.selfSleepNotes()...)
 }

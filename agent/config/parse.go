@@ -588,7 +588,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"port":              setInt(&m.Port, 0, 65535),
 		"aliases":           setStrings(&m.Aliases, aliasName),
 		"health":            setString(&m.Health, healthPath),
-		"sleep":             setEnum(&m.Sleep, sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.None),
+		"sleep":             setEnum(&m.Sleep, sleepmode.Stop, sleepmode.VLLML1, sleepmode.VLLML2, sleepmode.SGLang, sleepmode.LlamaCpp, sleepmode.None),
 		"gpus":              setGPUs(&m.GPUs, &m.GPUCount),
 		"gpu_memory":        setSize(&m.GPUMemory, false),
 		"max_concurrency":   setInt(&m.MaxConcurrency, 1, 1<<20),
@@ -752,6 +752,7 @@ func (d *decoder) checkModel(m *Model, t *table) {
 	if t.has("activity_metrics") && m.Evidence != EvidenceAuto && m.Evidence != EvidenceMetrics {
 		d.addAt(t.at("activity_metrics"), fmt.Sprintf(`only used with evidence = "auto" or "metrics", not %q`, m.Evidence))
 	}
+	d.checkSelfSleep(m, t)
 }
 
 // addrPort is the port of a HOST:PORT address, 0 when it has none.

@@ -182,7 +182,12 @@ type Model struct {
 	Aliases []string
 	Health  string // path, default "/health"
 	Sleep   string // one of the sleepmode constants
-	GPUs    []int  // a fixed list; nil when GPUCount > 0
+	// SelfSleep is, with Sleep "llamacpp", the engine's own idle sleep
+	// (llama-server --sleep-idle-seconds: the command's, or the one napd
+	// added from idle_timeout); 0 when it has none or napd cannot know
+	// (an operator's unit).
+	SelfSleep time.Duration
+	GPUs      []int // a fixed list; nil when GPUCount > 0
 	// GPUCount > 0: napd chooses that many GPUs at each wake (gpus = "any"
 	// is 1, gpus = { count = N } is N); 0: GPUs is fixed.
 	GPUCount         int

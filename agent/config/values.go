@@ -328,7 +328,8 @@ func setRoutes(dst *[]Route) setter {
 }
 
 // parseRoute reads "POST /completion" or "GET /props". napd's own paths
-// (/v1/…, /upstream/…, /napd/…, /health) are not the operator's to reroute.
+// (/v1/…, /upstream/…, /napd/…, /health, and llama.cpp's router API
+// /models…) are not the operator's to reroute.
 func parseRoute(spec string) (Route, error) {
 	method, path, ok := strings.Cut(spec, " ")
 	if !ok || (method != "POST" && method != "GET") {
@@ -338,7 +339,8 @@ func parseRoute(spec string) (Route, error) {
 	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " ?#%") || hasControl(path):
 		return Route{}, fmt.Errorf("route %q: the path must start with / and hold no spaces, ?, # or %%", spec)
 	case path == "/v1" || strings.HasPrefix(path, "/v1/") || path == "/upstream" || strings.HasPrefix(path, "/upstream/") ||
-		path == "/napd" || strings.HasPrefix(path, "/napd/") || path == "/health":
+		path == "/napd" || strings.HasPrefix(path, "/napd/") || path == "/health" ||
+		path == "/models" || strings.HasPrefix(path, "/models/"):
 		return Route{}, fmt.Errorf("route %q: %s is one of napd's own paths", spec, path)
 	}
 	return Route{Method: method, Path: path}, nil

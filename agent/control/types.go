@@ -91,8 +91,9 @@ type ModelStatus struct {
 	Pinned     bool      `json:"pinned,omitempty"`
 	Leases     int       `json:"leases"`
 	QueueDepth int       `json:"queue_depth"`
-	// IdleSince is set while no lease is live: the end of the last lease or
-	// the last wake, whichever is later (lifecycle.Snapshot.IdleSince).
+	// IdleSince is set while no lease is live: the end of the last lease,
+	// the last wake or the last time the engine was seen at work (a
+	// client outside napd), whichever is later (measure.Measurement.IdleSince).
 	IdleSince *time.Time `json:"idle_since,omitempty"`
 	// LastWakeMs is the duration of the last successful wake.
 	LastWakeMs int64 `json:"last_wake_ms,omitempty"`

@@ -23,6 +23,7 @@
 //	m.SleepDone(now, op, err, ev)    // may StartWake if demand arrived meanwhile
 //	m.EngineExited(now, reason, ev)  // unexpected exit only (not a stop napd asked for)
 //	m.EngineHung(now, why)           // awake, failing health, no progress (Watch)
+//	m.EngineSlept(now, why, ev)      // it slept by itself (llama.cpp): Sleeping, or a wake for waiting leases
 //	m.Tick(now, ev)                  // periodically: drain and wake deadlines
 //	m.Reset(now); m.Reload(now, p)   // operator reset, config reload
 //	m.Learn(wake, request)           // after a wake or request is measured
@@ -189,7 +190,7 @@ func (m *Machine) RequestSleep(now time.Time, req SleepRequest, ev Evidence) Dec
 		if ev.Leases.Active > 0 && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("%d requests in flight", ev.Leases.Active)}
 		}
-		idle := now.Sub(m.Snapshot().IdleSince(ev.Leases))
+		idle := now.Sub(later(m.Snapshot().IdleSince(ev.Leases), ev.ActiveAt))
 		if idle < m.policy.IdleMinimum && req.Reason != Demand {
 			return Decision{Action: Declined, Reason: fmt.Sprintf("idle for %s, under the idle minimum of %s",
 				idle.Round(time.Second), m.policy.IdleMinimum)}
@@ -322,6 +323,18 @@ func (m *Machine) EngineExited(now time.Time, reason string, leases lease.Eviden
 		return m.abandonWake(now, why, leases)
 	}
 	return Decision{}
+}
+
+// EngineSlept handles a serving engine that went to sleep by itself
+// (llama.cpp's idle sleep), or that may have (its own idle time passed):
+// it needs a wake again, so the next request goes through the fit check
+// first. The model becomes Sleeping, or starts a wake at once when live
+// leases wait.
+func (m *Machine) EngineSlept(now time.Time, why string, leases lease.Evidence) Decision {
+	if m.state != Awake && m.state != Unsupported {
+		return Decision{}
+	}
+	return m.settle(now, Sleeping, why, leases)
 }
 
 // EngineHung handles an awake engine that stopped answering its health

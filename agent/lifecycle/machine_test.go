@@ -889,3 +889,20 @@ func TestMachine_RetryAfterLearned(t *testing.T) {
 	b.m.EngineExited(b.now, "killed", b.ev())
 	failing(9 * time.Second) // the last verified wake
 }
+
+// The idle minimum counts from the engine's last activity seen outside
+// napd, when that is later than the model's own last use: a client that
+// bypassed napd a moment ago makes the model too recently used to evict.
+func TestMachine_IdleMinimumFromOutsideActivity(t *testing.T) {
+	b := newBox(t, lifecycle.Policy{IdleMinimum: time.Minute, DrainTimeout: time.Second, WakeAttempts: 1}, lifecycle.ReportServing)
+	b.advance(time.Hour)
+	outside := b.now.Add(-10 * time.Second)
+	d := b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.MemoryPressure},
+		lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineIdle, ActiveAt: outside})
+	if d.Action != lifecycle.Declined || !strings.Contains(d.Reason, "idle for 10s, under the idle minimum") {
+		t.Fatalf("an engine used outside napd 10 s ago: %+v; want declined under the idle minimum", d)
+	}
+	b.advance(time.Minute)
+	want(t, b.m.RequestSleep(b.now, lifecycle.SleepRequest{Reason: lifecycle.MemoryPressure},
+		lifecycle.Evidence{Leases: b.ev(), Engine: lifecycle.EngineIdle, ActiveAt: outside}), lifecycle.IssueSleep)
+}

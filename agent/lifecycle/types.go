@@ -199,6 +199,10 @@ type Evidence struct {
 	// curl)", "no socket listens on 127.0.0.1:8001 …". "" when nothing to
 	// say.
 	Detail string
+	// ActiveAt is when the engine was last seen at work by evidence
+	// beside the leases (a client that bypassed napd); zero: never. Idle
+	// time counts from it when it is later than the model's own last use.
+	ActiveAt time.Time
 }
 
 // Report is what the supervisor says about an engine at napd's start.

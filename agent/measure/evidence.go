@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/napd/napd/agent/config"
@@ -69,12 +70,14 @@ func inUseOutside(peers []sockets.Peer) string {
 
 // judgeEngines decides, for every serving model, what its evidence says of
 // its engine: its own figures (scraped by Measure) and the connections to
-// its port, from one reading of the socket table per round.
-func judgeEngines(ms *Measurement, snaps []model.Snapshot) {
+// its port, from one reading of the socket table per round; and when it
+// was last seen at work.
+func (p *Prober) judgeEngines(ms *Measurement, snaps []model.Snapshot) {
 	tab, tabErr := sockets.Reader{}.Read()
 	for _, s := range snaps {
 		mm, ok := ms.Models[s.Config.Name]
 		if !ok || !s.Lifecycle.State.Serving() {
+			p.active.forget(s.Config.Name)
 			continue
 		}
 		r := engineReading{metrics: mm.Engine, tableErr: tabErr}
@@ -88,8 +91,57 @@ func judgeEngines(ms *Measurement, snaps []model.Snapshot) {
 		}
 		mm.Notes = notes(r)
 		mm.Activity, mm.Detail = activity(s.Config.Evidence, port, r)
+		if s.Config.Transport == config.TransportHTTP && s.Config.Evidence != config.EvidenceLeases {
+			mm.ActiveAt = p.active.seen(s.Config.Name, ms.At, mm.Activity == planner.EngineBusy, mm.Engine)
+		}
 		ms.Models[s.Config.Name] = mm
 	}
+}
+
+// lastActivity remembers, per serving model, its engine's work counters
+// of the last round and when any evidence last showed the engine at work:
+// busy by its own figures or by clients outside napd, or counters that
+// moved since the last round (work done between two rounds, by a client
+// that bypassed napd, that no single reading catches running).
+type lastActivity struct {
+	mu sync.Mutex
+	by map[string]activitySeen
+}
+
+type activitySeen struct {
+	progress     float64
+	haveProgress bool
+	at           time.Time // zero: not seen at work while napd watched
+}
+
+// seen records the round of at and returns when the engine was last seen
+// at work (zero: not since it serves). Rounds may run at once and end in
+// any order: the latest time wins.
+func (l *lastActivity) seen(name string, at time.Time, busy bool, ev enginemetrics.Evidence) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.by == nil {
+		l.by = make(map[string]activitySeen)
+	}
+	prev := l.by[name]
+	cur := prev
+	moved := ev.HaveProgress && prev.haveProgress && ev.Progress != prev.progress
+	if (busy || moved) && at.After(prev.at) {
+		cur.at = at
+	}
+	if ev.HaveProgress {
+		cur.progress, cur.haveProgress = ev.Progress, true
+	}
+	l.by[name] = cur
+	return cur.at
+}
+
+// forget drops a model that does not serve: its next engine starts afresh
+// (its wake counts as use on its own).
+func (l *lastActivity) forget(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.by, name)
 }
 
 // notes says what status adds about a serving engine: who uses it without
@@ -132,15 +184,20 @@ func (ms *Measurement) Reason(name string, lc lifecycle.Snapshot) string {
 // ProbeEngine is a model's health probe of its awake engine (model.Deps
 // Probe): one request to its health path and, beside it, its work counters
 // when it publishes them; then what it sent on each connection to its
-// port.
+// port. An engine that sleeps by itself is asked whether it does.
 func (p *Prober) ProbeEngine(ctx context.Context, spec supervisor.Spec, cfg *config.Model) model.ProbeResult {
 	var r model.ProbeResult
 	counters := make(chan enginemetrics.Evidence, 1)
 	go func() {
-		ev, _ := p.Scraper.Scrape(ctx, spec.BaseURL(), cfg.ActivityMetrics)
+		ev, _ := p.scrape(ctx, spec, cfg)
 		counters <- ev
 	}()
 	r.Err = p.Supervisor.Probe(ctx, spec)
+	if r.Err == nil {
+		if asleep, err := p.Supervisor.SleepsByItself(ctx, spec); err == nil {
+			r.Asleep = asleep
+		}
+	}
 	if ev := <-counters; ev.HaveProgress {
 		r.Progress.Counters, r.Progress.HaveCounters = ev.Progress, true
 	}

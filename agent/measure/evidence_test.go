@@ -67,3 +67,45 @@ func TestNotes(t *testing.T) {
 		}
 	}
 }
+
+// When an engine was last seen at work: busy, or its counters moved since
+// the round before (work between two rounds that no reading caught
+// running); unchanged counters keep the time last seen; a round that began
+// earlier but ended later does not take it back; a model that stopped
+// serving starts afresh.
+func TestLastActivity(t *testing.T) {
+	var l lastActivity
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	counters := func(n float64) enginemetrics.Evidence {
+		return enginemetrics.Evidence{Engine: "llamacpp", Counts: true, Progress: n, HaveProgress: true}
+	}
+	steps := []struct {
+		at   int
+		busy bool
+		ev   enginemetrics.Evidence
+		want int // -1: zero time
+	}{
+		{0, false, counters(10), -1}, // first reading: nothing to compare with
+		{2, false, counters(10), -1}, // unchanged
+		{4, false, counters(14), 4},  // moved since the round before
+		{6, false, counters(14), 4},  // unchanged: still last seen at 4
+		{8, true, enginemetrics.Evidence{}, 8},
+		{7, true, counters(14), 8}, // an older round that ended late
+		{10, false, counters(14), 8},
+	}
+	for i, s := range steps {
+		got := l.seen("m", at(s.at), s.busy, s.ev)
+		want := time.Time{}
+		if s.want >= 0 {
+			want = at(s.want)
+		}
+		if !got.Equal(want) {
+			t.Errorf("step %d (round at %ds): last seen at work %v, want %v", i, s.at, got, want)
+		}
+	}
+	l.forget("m")
+	if got := l.seen("m", at(12), false, counters(99)); !got.IsZero() {
+		t.Errorf("after forget: %v, want zero (a new engine's counters are not a move)", got)
+	}
+}

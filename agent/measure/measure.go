@@ -17,11 +17,14 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
+	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -68,6 +71,26 @@ type Model struct {
 	Activity planner.Engine
 	Detail   string
 	Notes    string
+	// ActiveAt is when a round last saw the engine at work, by any
+	// evidence beside napd's leases (busy, clients outside napd, work
+	// counters that moved since the round before); zero when none did
+	// since it serves. Idle time counts from the later of it and the
+	// model's own last use (IdleSince).
+	ActiveAt time.Time
+}
+
+// IdleSince is when a model was last in use by any evidence napd has: the
+// lifecycle's idle since (its last lease's end or its last wake, from its
+// lease evidence) or the last time its engine was seen at work, whichever
+// is later. ms may be nil (nothing measured yet).
+func (ms *Measurement) IdleSince(name string, lc lifecycle.Snapshot, leases lease.Evidence) time.Time {
+	since := lc.IdleSince(leases)
+	if ms != nil {
+		if at := ms.Models[name].ActiveAt; at.After(since) {
+			since = at
+		}
+	}
+	return since
 }
 
 // GPUReadingMaxAge is how long the last good GPU reading stands in for a
@@ -80,6 +103,9 @@ const GPUReadingMaxAge = 15 * time.Second
 type Supervisor interface {
 	Status(ctx context.Context, spec supervisor.Spec) (supervisor.Status, error)
 	Probe(ctx context.Context, spec supervisor.Spec) error
+	// SleepsByItself asks an engine that sleeps by itself (llama.cpp's
+	// idle sleep) whether it does now; false for the others.
+	SleepsByItself(ctx context.Context, spec supervisor.Spec) (bool, error)
 }
 
 // Prober runs the rounds. Rounds may run at once (the planner's and a
@@ -92,6 +118,7 @@ type Prober struct {
 	Clock      func() time.Time
 	Log        *slog.Logger
 	readings   gpuReadings
+	active     lastActivity
 }
 
 // probeTimeout bounds one round's probes.
@@ -125,7 +152,7 @@ func (p *Prober) Measure(ctx context.Context, snaps []model.Snapshot) *Measureme
 			case s.Config.Transport == config.TransportZMQ:
 				mm.Engine = zmqEvidence
 			default:
-				mm.Engine, _ = p.Scraper.Scrape(ctx, s.Spec.BaseURL(), s.Config.ActivityMetrics)
+				mm.Engine, _ = p.scrape(ctx, s.Spec, s.Config)
 			}
 			mu.Lock()
 			ms.Models[s.Config.Name] = mm
@@ -134,13 +161,23 @@ func (p *Prober) Measure(ctx context.Context, snaps []model.Snapshot) *Measureme
 		})
 	}
 	wg.Wait()
-	judgeEngines(ms, snaps)
+	p.judgeEngines(ms, snaps)
 	for name, per := range gpu.ModelUsage(pids, ms.GPUs.Processes) {
 		mm := ms.Models[name]
 		mm.GPUBytes = per
 		ms.Models[name] = mm
 	}
 	return ms
+}
+
+// scrape reads an engine's evidence: quietly (no endpoint that is work
+// to it) when it sleeps by itself, which a scrape must neither wake nor
+// keep awake.
+func (p *Prober) scrape(ctx context.Context, spec supervisor.Spec, cfg *config.Model) (enginemetrics.Evidence, error) {
+	if cfg.Sleep == sleepmode.LlamaCpp {
+		return p.Scraper.ScrapeQuiet(ctx, spec.BaseURL(), cfg.ActivityMetrics)
+	}
+	return p.Scraper.Scrape(ctx, spec.BaseURL(), cfg.ActivityMetrics)
 }
 
 // zmqEvidence is the engine evidence of a serving ZMQ worker. A worker

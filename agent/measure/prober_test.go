@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
+	"github.com/napd/napd/sleepmode"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -37,6 +39,11 @@ func (f fakeSupervisor) Status(_ context.Context, spec supervisor.Spec) (supervi
 }
 
 func (f fakeSupervisor) Probe(context.Context, supervisor.Spec) error { return nil }
+
+// SleepsByItself: every engine of sleep = "llamacpp" sleeps by itself now.
+func (f fakeSupervisor) SleepsByItself(_ context.Context, spec supervisor.Spec) (bool, error) {
+	return spec.Sleep == sleepmode.LlamaCpp, nil
+}
 
 // engine is a vLLM-like /metrics that counts its scrapes.
 func engine(t *testing.T, running int) (port int, scrapes *atomic.Int32) {
@@ -108,5 +115,34 @@ func TestProber_Measure(t *testing.T) {
 	}
 	if w := ms.Models["worker"]; w.Engine.Engine != enginemetrics.EngineWorker || !w.Engine.Have() || w.Activity != planner.EngineIdle {
 		t.Errorf("worker: %+v", w)
+	}
+}
+
+// The probe of an engine that sleeps by itself says whether it does, and
+// reads its counters only where that is no work to it: never llama.cpp's
+// /slots, which would wake it (or hold its sleep off).
+func TestProbeEngine_SleepsByItself(t *testing.T) {
+	var slots atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/slots":
+			slots.Add(1)
+			w.Write([]byte(`[{"id":0,"is_processing":false}]`))
+		default:
+			w.WriteHeader(http.StatusNotImplemented) // no --metrics
+		}
+	}))
+	defer srv.Close()
+	port, _ := strconv.Atoi(srv.URL[strings.LastIndex(srv.URL, ":")+1:])
+	p := &Prober{Scraper: &enginemetrics.Scraper{}, Supervisor: fakeSupervisor{}, Clock: time.Now, Log: slog.New(slog.DiscardHandler)}
+	for _, sleep := range []string{sleepmode.LlamaCpp, sleepmode.Stop} {
+		spec := supervisor.Spec{Model: "m", Port: port, Sleep: sleep}
+		r := p.ProbeEngine(context.Background(), spec, &config.Model{Name: "m", Sleep: sleep})
+		if r.Err != nil || r.Asleep != (sleep == sleepmode.LlamaCpp) {
+			t.Errorf("sleep %s: probe %+v", sleep, r)
+		}
+	}
+	if n := slots.Load(); n != 1 {
+		t.Errorf("/slots asked %d times; want once, by the stop model's probe only", n)
 	}
 }

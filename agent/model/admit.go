@@ -260,6 +260,9 @@ func (m *Model) arrive(w *waiter) {
 		m.publish()
 		return
 	}
+	if m.cfg.SelfSleep > 0 {
+		m.selfSleepArrival(m.now())
+	}
 	m.apply(m.machine.Arrive(m.now()), w)
 	m.publish()
 }

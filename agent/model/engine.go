@@ -209,6 +209,7 @@ func (m *Model) startSleep(op lifecycle.Op, req lifecycle.SleepRequest) {
 	if strategy == "" {
 		strategy = m.cfg.Sleep
 	}
+	strategy = supervisor.Performed(strategy) // llama.cpp's own sleep cannot be asked for: stopped
 	m.log.Info("putting to sleep", "strategy", strategy, "reason", req.Reason.String())
 	go func() {
 		ctx, cancel := context.WithTimeout(m.d.Ctx, m.cfg.StopTimeout+m.cfg.DrainTimeout+30*time.Second)
@@ -310,6 +311,22 @@ func (m *Model) Sleep(ctx context.Context, strategy string) error {
 	}
 }
 
+// StartSleep is Sleep without waiting for its outcome: it returns once the
+// loop took the operator sleep up (a drain begun, the sleep issued, or
+// asleep already), or with why it did not (unknown strategy, declined).
+// The outcome shows in the model's state.
+func (m *Model) StartSleep(strategy string) error {
+	result := make(chan error, 1) // the outcome, later, if nobody reads it
+	pending := false
+	if !m.call(func() { m.operatorSleep(strategy, result); pending = len(result) == 0 }) {
+		return m.removed()
+	}
+	if pending {
+		return nil
+	}
+	return <-result
+}
+
 func (m *Model) operatorSleep(strategy string, result chan error) {
 	if strategy == "" {
 		strategy = m.cfg.Sleep
@@ -322,7 +339,7 @@ func (m *Model) operatorSleep(strategy string, result chan error) {
 		result <- fmt.Errorf("sleep %s: strategy %q never puts a model to sleep", m.name, strategy)
 		return
 	}
-	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.EngineNoEvidence, "")
+	d := m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: strategy}, lifecycle.Evidence{})
 	switch {
 	case d.Action == lifecycle.Declined:
 		result <- fmt.Errorf("sleep %s: %s", m.name, d.Reason)
@@ -355,7 +372,7 @@ func (m *Model) afterIdle() {
 	}
 	switch st := m.machine.Snapshot().State; {
 	case st.Serving():
-		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: sleepmode.Stop}, lifecycle.EngineNoEvidence, "")
+		m.requestSleep(lifecycle.SleepRequest{Reason: lifecycle.Operator, Strategy: sleepmode.Stop}, lifecycle.Evidence{})
 		return
 	case st == lifecycle.Waking || st == lifecycle.Draining:
 		return // its result calls afterIdle again

@@ -638,7 +638,7 @@ func TestAdmissionFairShare(t *testing.T) {
 func (r *rig) yieldWithOneQueued() (inFlight *gateway.Ticket, late *admission) {
 	r.t.Helper()
 	inFlight = r.granted(r.admit(context.Background()))
-	r.m.RequestSleep(lifecycle.SleepRequest{Reason: lifecycle.Demand, Cause: "yield"}, lifecycle.EngineBusy, "")
+	r.m.RequestSleep(lifecycle.SleepRequest{Reason: lifecycle.Demand, Cause: "yield"}, lifecycle.Evidence{Engine: lifecycle.EngineBusy})
 	r.until("yielding", func(s Snapshot) bool { return s.Lifecycle.Yielding })
 	late = r.admit(context.Background())
 	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })

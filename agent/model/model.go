@@ -471,11 +471,11 @@ func (m *Model) EngineExited(reason string, at time.Time) {
 }
 
 // RequestSleep asks the lifecycle for an automatic sleep (the planner's)
-// with what the engine's evidence says and its detail (what it is busy
-// with, or what is missing); the machine has the last word. It does not
-// wait.
-func (m *Model) RequestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity, detail string) {
-	m.do(func() { m.requestSleep(req, engine, detail) })
+// with what the engine's evidence says (Engine, Detail, ActiveAt; the loop
+// adds its fresh lease evidence); the machine has the last word. It does
+// not wait.
+func (m *Model) RequestSleep(req lifecycle.SleepRequest, engine lifecycle.Evidence) {
+	m.do(func() { m.requestSleep(req, engine) })
 }
 
 // CancelYield takes back a yield nobody waits for any more: the model
@@ -517,9 +517,11 @@ func (m *Model) exitIsStale(at time.Time) bool {
 	return m.machine.Snapshot().State == lifecycle.Waking && (m.clearing || at.Before(m.wokeAt))
 }
 
-// requestSleep asks the machine for a sleep (planner or operator).
-func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity, detail string) lifecycle.Decision {
-	d := m.machine.RequestSleep(m.now(), req, lifecycle.Evidence{Leases: m.evidence(), Engine: engine, Detail: detail})
+// requestSleep asks the machine for a sleep (planner or operator) on the
+// engine's evidence and the model's fresh lease evidence.
+func (m *Model) requestSleep(req lifecycle.SleepRequest, engine lifecycle.Evidence) lifecycle.Decision {
+	engine.Leases = m.evidence()
+	d := m.machine.RequestSleep(m.now(), req, engine)
 	m.apply(d, nil)
 	m.publish()
 	return d
@@ -605,6 +607,8 @@ func (m *Model) noteState() {
 		attrs = append(attrs, "unit", unit)
 	}
 	m.log.Info("state changed", attrs...)
+	// Published first: whoever the event wakes reads the new state.
+	m.publish()
 	m.emit(control.Event{Kind: control.EventState, From: from, To: after.State.String(), Reason: after.Reason})
 	if m.d.StatusChanged != nil {
 		m.d.StatusChanged()

@@ -35,6 +35,9 @@ func (p Progress) MovedSince(prev Progress) (moved, known bool) {
 type ProbeResult struct {
 	Err      error // nil: healthy
 	Progress Progress
+	// Asleep: the engine reports it went to sleep by itself (llama.cpp's
+	// idle sleep, sleep = "llamacpp").
+	Asleep bool
 }
 
 // newWatch is the health watch of cfg's policy.
@@ -95,6 +98,11 @@ func (m *Model) probed(eng *instance, sent time.Time, r ProbeResult) {
 		moved = true
 	}
 	m.progress = r.Progress
+	if r.Err == nil && r.Asleep {
+		m.engineSlept(true, "the engine went to sleep by itself (llama-server --sleep-idle-seconds)")
+		m.publish()
+		return
+	}
 	failed, hung := m.watch.Probed(sent, r.Err == nil, moved)
 	switch {
 	case r.Err == nil:

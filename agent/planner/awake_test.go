@@ -73,6 +73,7 @@ func TestPlan_DeepSleep(t *testing.T) {
 	in := roomy(
 		model("l1", slept(sleepmode.VLLML1, 2*time.Hour), hostBytes(30*GiB)),
 		model("l2", slept(sleepmode.VLLML2, time.Hour)),
+		model("llama", slept(sleepmode.LlamaCpp, time.Hour)), // asleep by itself: its process stays
 		model("young", slept(sleepmode.VLLML1, 59*time.Minute)),
 		model("off", slept(sleepmode.VLLML1, 2*time.Hour), noLadder),
 		model("stopped", slept(sleepmode.Stop, 2*time.Hour)),
@@ -86,7 +87,7 @@ func TestPlan_DeepSleep(t *testing.T) {
 			t.Errorf("l1: %+v", d)
 		}
 	}
-	if strings.Join(got, ",") != "l1/stop/deep-sleep,l2/stop/deep-sleep" {
+	if strings.Join(got, ",") != "l1/stop/deep-sleep,l2/stop/deep-sleep,llama/stop/deep-sleep" {
 		t.Errorf("decisions %v", got)
 	}
 }

@@ -136,10 +136,14 @@ func newPlanner(in *Input) *planner {
 }
 
 // decide records a decision for m, stopping instead of a vllm-l1 sleep
-// when the host is short of memory.
+// when the host is short of memory. A llama-server cannot be asked to
+// sleep by itself: napd's sleep of one is a stop.
 func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 	d := Decision{Model: m.Name, Action: ActionSleep, Strategy: m.Sleep, Reason: reason, IdleFor: m.idleFor(p.in.Now)}
 	if m.Sleep == sleepmode.VLLML1 && (m.State != lifecycle.Awake || p.in.hostPressed()) {
+		d.Action, d.Strategy = ActionStop, sleepmode.Stop
+	}
+	if m.Sleep == sleepmode.LlamaCpp {
 		d.Action, d.Strategy = ActionStop, sleepmode.Stop
 	}
 	if m.State == lifecycle.Awake {
@@ -154,7 +158,10 @@ func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 		d.FreesHost = m.HostBytes
 	}
 	verb := "sleep " + m.Name + " (" + m.Sleep + ")"
-	if d.Action == ActionStop {
+	switch {
+	case m.Sleep == sleepmode.LlamaCpp:
+		verb = "stop " + m.Name + " (llama-server sleeps by itself only when idle: napd stops it)"
+	case d.Action == ActionStop:
 		verb = "stop " + m.Name + " instead of " + m.Sleep + " sleep (host memory is short)"
 	}
 	d.Message = fmt.Sprintf("%s: %s; idle %s", verb, why, d.IdleFor.Round(time.Second))
@@ -170,7 +177,8 @@ func (p *planner) decide(m *Model, reason Reason, why string) Decision {
 func (p *planner) idle() {
 	now := p.in.Now
 	for _, m := range p.byLRU {
-		if m.KeepAwake || m.IdleTimeout <= 0 || m.idleFor(now) < m.IdleTimeout || m.Leases.IdleSince.IsZero() {
+		if m.KeepAwake || m.IdleTimeout <= 0 || m.idleFor(now) < m.IdleTimeout || m.Leases.IdleSince.IsZero() ||
+			m.Sleep == sleepmode.LlamaCpp { // its idle sleep is the engine's own
 			continue
 		}
 		switch {
@@ -228,9 +236,11 @@ func (p *planner) hostCandidate(m *Model) bool {
 	}
 	switch m.State {
 	case lifecycle.Awake:
-		return m.evictable(p.in.Now) && (m.Sleep == sleepmode.Stop || m.Sleep == sleepmode.VLLML1)
+		return m.evictable(p.in.Now) && (m.Sleep == sleepmode.Stop || m.Sleep == sleepmode.VLLML1 || m.Sleep == sleepmode.LlamaCpp)
 	case lifecycle.Sleeping:
-		return m.Sleep == sleepmode.VLLML1 && m.Leases.Active == 0 &&
+		// Asleep with its process and its host memory kept.
+		kept := m.Sleep == sleepmode.VLLML1 || m.Slept == sleepmode.LlamaCpp
+		return kept && m.Leases.Active == 0 &&
 			!m.Leases.IdleSince.IsZero() && m.idleFor(p.in.Now) >= m.IdleMinimum
 	}
 	return false
@@ -240,7 +250,7 @@ func (p *planner) hostCandidate(m *Model) bool {
 // stays) down the ladder: stopped once it has slept deep_sleep_after.
 func (p *planner) deepSleep() {
 	for _, m := range p.byLRU {
-		light := m.Slept == sleepmode.VLLML1 || m.Slept == sleepmode.VLLML2 || m.Slept == sleepmode.SGLang
+		light := m.Slept == sleepmode.VLLML1 || m.Slept == sleepmode.VLLML2 || m.Slept == sleepmode.SGLang || m.Slept == sleepmode.LlamaCpp
 		if m.State != lifecycle.Sleeping || !light || m.DeepSleep != sleepmode.Stop || p.chosen[m.Name] ||
 			m.Leases.Active > 0 || m.SleptAt.IsZero() || p.in.Now.Sub(m.SleptAt) < m.DeepSleepAfter {
 			continue

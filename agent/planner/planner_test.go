@@ -215,6 +215,25 @@ func TestPlan_Rules(t *testing.T) {
 			want: []want{{"l1", ActionStop, sleepmode.Stop, ReasonIdle}},
 		},
 		{
+			name: "llamacpp: never slept for idleness by napd (the engine sleeps by itself)",
+			in:   roomy(model("l", sleep(sleepmode.LlamaCpp), idleFor(time.Hour))),
+		},
+		{
+			name: "llamacpp: GPU pressure stops it",
+			in:   gpuFree(roomy(model("l", sleep(sleepmode.LlamaCpp), idleFor(10*time.Minute), holds(map[int]int64{0: 20 * GiB}))), 0, 0),
+			want: []want{{"l", ActionStop, sleepmode.Stop, ReasonGPUPressure}},
+		},
+		{
+			name: "llamacpp: host pressure stops one asleep by itself (its process and host memory stay)",
+			in: func() Input {
+				in := roomy(model("l", sleep(sleepmode.LlamaCpp), state(lifecycle.Sleeping), hostBytes(3*GiB), idleFor(10*time.Minute),
+					func(m *Model) { m.Slept, m.SleptAt = sleepmode.LlamaCpp, now.Add(-time.Minute) }))
+				in.Host.MemAvailable = GiB
+				return in
+			}(),
+			want: []want{{"l", ActionStop, sleepmode.Stop, ReasonHostPressure}},
+		},
+		{
 			name: "host pressure with nothing to stop is reported",
 			in: func() Input {
 				in := roomy(model("busy", leases(2), hostBytes(8*GiB)))

@@ -75,7 +75,7 @@ func (f *fakeModel) Admit(context.Context, lease.Request) (*gateway.Ticket, erro
 	return &gateway.Ticket{Done: func(gateway.Outcome) {}}, nil
 }
 
-func (f *fakeModel) RequestSleep(req lifecycle.SleepRequest, _ lifecycle.EngineActivity, _ string) {
+func (f *fakeModel) RequestSleep(req lifecycle.SleepRequest, _ lifecycle.Evidence) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.sleeps = append(f.sleeps, req)

@@ -68,7 +68,7 @@ func (d *Desk) input(ms *measure.Measurement, models []Model) planner.Input {
 			Name: m.Name(), State: s.Lifecycle.State, Pinned: s.Config.Pinned, Sleep: s.Config.Sleep,
 			GPUs: d.GPUs(s), Footprint: d.footprint(s, ms), IdleTimeout: s.Config.IdleTimeout,
 			IdleMinimum:    model.PolicyOf(s.Config).IdleMinimum,
-			Leases:         planner.Leases{Active: ev.Active, IdleSince: s.Lifecycle.IdleSince(ev)},
+			Leases:         planner.Leases{Active: ev.Active, IdleSince: ms.IdleSince(m.Name(), s.Lifecycle, ev)},
 			Engine:         mm.Activity,
 			AllowUntracked: s.Config.AllowUntrackedUnload,
 			LastUsed:       s.LastUsed,
@@ -134,7 +134,7 @@ func (d *Desk) act(ms *measure.Measurement, models []Model, decisions []planner.
 		}
 		req := lifecycle.SleepRequest{Reason: reason, Strategy: dec.Strategy, Cause: string(dec.Reason)}
 		mm := ms.Models[dec.Model]
-		m.RequestSleep(req, lifecycleEngine(mm.Activity), mm.Detail)
+		m.RequestSleep(req, lifecycle.Evidence{Engine: lifecycleEngine(mm.Activity), Detail: mm.Detail, ActiveAt: mm.ActiveAt})
 	}
 }
 
@@ -144,8 +144,9 @@ func (d *Desk) act(ms *measure.Measurement, models []Model, decisions []planner.
 func (d *Desk) unproven(ms *measure.Measurement, models []Model, names []string) {
 	for _, name := range names {
 		if m := find(models, name); m != nil {
+			mm := ms.Models[name]
 			m.RequestSleep(lifecycle.SleepRequest{Reason: lifecycle.IdleTimeout, Cause: string(planner.ReasonIdle)},
-				lifecycle.EngineNoEvidence, ms.Models[name].Detail)
+				lifecycle.Evidence{Engine: lifecycle.EngineNoEvidence, Detail: mm.Detail, ActiveAt: mm.ActiveAt})
 		}
 	}
 }

@@ -69,7 +69,7 @@ type Model interface {
 	Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, error)
 	// RequestSleep hands the lifecycle a sleep the planner decided; it
 	// may decline. It must not block.
-	RequestSleep(req lifecycle.SleepRequest, engine lifecycle.EngineActivity, detail string)
+	RequestSleep(req lifecycle.SleepRequest, engine lifecycle.Evidence)
 	// Deepen moves a sleeping model down its sleep ladder. It must not
 	// block.
 	Deepen(strategy, cause string)

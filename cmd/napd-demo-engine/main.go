@@ -103,6 +103,14 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	fs.BoolVar(&c.failStart, "fail-start", false, "exit with status 1 after the startup delay")
 	fs.StringVar(&c.opts.Flavor, "flavor", demoengine.FlavorVLLM, "engine whose metric and status endpoints are served: "+strings.Join(demoengine.Flavors, ", "))
 	fs.BoolVar(&c.opts.Metrics, "metrics", false, "llamacpp flavor: serve /metrics (llama.cpp's --metrics; else 501)")
+	fs.Func("sleep-idle-seconds", "llama.cpp's own idle sleep: free the weights after N seconds without a task, reload on the next (-1 = never)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n == 0 || n < -1 {
+			return fmt.Errorf("invalid value %q: cannot be 0 or less than -1", v)
+		}
+		c.opts.SleepIdle = max(time.Duration(n)*time.Second, 0)
+		return nil
+	})
 	fs.BoolVar(&c.opts.HangHealth, "hang-health", false, "never answer /health")
 	fs.BoolVar(&c.opts.BusyHealth, "busy-health", false, "do not answer /health while a completion runs")
 	fs.IntVar(&c.opts.CrashAfter, "crash-after", 0, "exit with status 3 on the Nth completion (mid-stream if streamed); 0 = never")

@@ -388,7 +388,8 @@ func TestDemoEngine_ClientDisconnectIsCounted(t *testing.T) {
 
 func TestDemoEngine_BadFlags(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--memory", "lots"}, {"--memory", "2GB"}, {"--no-such-flag"}, {"extra"}} {
+	for _, args := range [][]string{{"--memory", "lots"}, {"--memory", "2GB"}, {"--no-such-flag"}, {"extra"},
+		{"--sleep-idle-seconds", "0"}, {"--sleep-idle-seconds", "-2"}, {"--sleep-idle-seconds", "5m"}} {
 		out, err := exec.Command(bin, args...).CombinedOutput()
 		ee, ok := errors.AsType[*exec.ExitError](err)
 		if !ok || ee.ExitCode() != 2 {

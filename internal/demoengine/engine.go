@@ -60,6 +60,7 @@ type Engine struct {
 	ids       uint64
 	stats     Stats
 	control   []ControlRequest
+	selfSleep idleSleep // llama.cpp's own idle sleep (SleepIdle)
 }
 
 // Stats are the counters /debug/stats reports.
@@ -90,6 +91,10 @@ type Stats struct {
 	// Priorities counts the completions by their priority field ("none":
 	// without one).
 	Priorities map[string]int `json:"priorities,omitempty"`
+	// SelfSleeps counts llama.cpp's own idle sleeps (SleepIdle), Reloads
+	// the reloads a task started after one.
+	SelfSleeps int `json:"self_sleeps"`
+	Reloads    int `json:"reloads"`
 }
 
 // ControlRequest is one control-plane request as /debug/requests lists it.
@@ -140,6 +145,7 @@ func New(opts Options) *Engine {
 		e.exit = os.Exit
 	}
 	e.weights = allocate(opts.MemoryBytes)
+	e.startIdleSleep()
 	return e
 }
 
@@ -177,7 +183,7 @@ func (e *Engine) Stats() Stats {
 	s := e.stats
 	s.Priorities = maps.Clone(e.stats.Priorities)
 	s.Running, s.Waiting = e.running, e.waiting
-	s.IsSleeping = len(e.asleep) > 0
+	s.IsSleeping = len(e.asleep) > 0 || e.selfSleep.asleep
 	s.SleepState = e.sleepStateLocked()
 	s.WeightsLoaded = !e.stale
 	s.WeightsBytes = len(e.weights)
@@ -224,6 +230,9 @@ func (e *Engine) nextID() uint64 {
 // waits for a free sequence slot. The job's context is cancelled when the
 // client leaves or a sleep aborts it (cause errAborted).
 func (e *Engine) admit(parent context.Context) (*job, error) {
+	if err := e.task(parent); err != nil {
+		return nil, err
+	}
 	e.mu.Lock()
 	switch {
 	case len(e.asleep) > 0 || e.closing:
@@ -267,6 +276,7 @@ func (e *Engine) finish(j *job) {
 		e.waiting--
 	}
 	e.lastEnd = time.Now()
+	e.taskEndedLocked()
 	if len(e.jobs) == 0 && e.idle != nil {
 		close(e.idle)
 		e.idle = nil

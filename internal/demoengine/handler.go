@@ -54,7 +54,11 @@ func (e *Engine) Handler() http.Handler {
 // loaded answers 503 while the engine is still loading.
 func (e *Engine) loaded(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if e.loading() {
+		switch {
+		case e.loading() && e.opts.Flavor == FlavorLlamaCpp:
+			llamacppLoading(w) // every route, as llama.cpp does
+			return
+		case e.loading():
 			writeError(w, http.StatusServiceUnavailable, "the engine is loading")
 			return
 		}

@@ -34,6 +34,11 @@ type Options struct {
 	// Metrics enables llama.cpp's /metrics (FlavorLlamaCpp; llama.cpp's
 	// --metrics).
 	Metrics bool
+	// SleepIdle is llama.cpp's --sleep-idle-seconds: after this long
+	// without a task the engine frees its weights by itself, /props says
+	// is_sleeping, and the next task reloads them (taking WakeDelay). 0
+	// means never.
+	SleepIdle time.Duration
 	// HangHealth makes /health never answer.
 	HangHealth bool
 	// BusyHealth makes /health not answer while a completion runs, like a

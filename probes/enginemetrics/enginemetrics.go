@@ -27,6 +27,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,6 +158,9 @@ type Scraper struct {
 type found struct {
 	ep    endpoint
 	until time.Time // for epNone: when to ask again
+	// quiet: epNone was found by a quiet scrape, which did not ask every
+	// endpoint; a plain scrape asks them all anyway.
+	quiet bool
 }
 
 // errNoAdapter is an endpoint that answered, but not in a form napd reads.
@@ -167,15 +171,32 @@ var errNoAdapter = errors.New("no known activity metrics")
 // the zero Evidence ("no evidence") and the error, so the caller can log
 // why and still plan.
 func (s *Scraper) Scrape(ctx context.Context, baseURL string, custom []string) (Evidence, error) {
+	return s.scrape(ctx, baseURL, custom, endpoints)
+}
+
+// quietEndpoints are the endpoints that are no work to any engine:
+// llama.cpp's /slots is a task, which wakes a llama-server asleep by
+// itself and holds its idle sleep off; its /metrics is not.
+var quietEndpoints = []endpoint{epMetrics, epOllama}
+
+// ScrapeQuiet is Scrape asking only what an engine does not count as
+// work: for an engine that sleeps by itself when idle (llama-server
+// --sleep-idle-seconds), which a scrape must neither wake nor keep awake.
+func (s *Scraper) ScrapeQuiet(ctx context.Context, baseURL string, custom []string) (Evidence, error) {
+	return s.scrape(ctx, baseURL, custom, quietEndpoints)
+}
+
+func (s *Scraper) scrape(ctx context.Context, baseURL string, custom []string, eps []endpoint) (Evidence, error) {
 	root := strings.TrimSuffix(baseURL, "/")
 	now := s.now()
 	s.mu.Lock()
 	f, ok := s.known[root]
 	s.mu.Unlock()
-	if ok && f.ep == epNone && now.Before(f.until) {
+	quiet := len(eps) < len(endpoints)
+	if ok && f.ep == epNone && now.Before(f.until) && (quiet || !f.quiet) {
 		return Evidence{}, fmt.Errorf("scrape %s: %w (asked again after %s)", root, errNoAdapter, f.until.Sub(now).Round(time.Second))
 	}
-	if ok && f.ep != epNone {
+	if ok && f.ep != epNone && slices.Contains(eps, f.ep) {
 		ev, err := s.ask(ctx, root, f.ep, custom)
 		if err == nil {
 			return ev, nil
@@ -184,7 +205,7 @@ func (s *Scraper) Scrape(ctx context.Context, baseURL string, custom []string) (
 		return Evidence{}, err
 	}
 	var errs []error
-	for _, ep := range endpoints {
+	for _, ep := range eps {
 		ev, err := s.ask(ctx, root, ep, custom)
 		if err == nil {
 			s.remember(root, found{ep: ep})
@@ -199,7 +220,7 @@ func (s *Scraper) Scrape(ctx context.Context, baseURL string, custom []string) (
 			return Evidence{}, err
 		}
 	}
-	s.remember(root, found{ep: epNone, until: now.Add(recheck)})
+	s.remember(root, found{ep: epNone, until: now.Add(recheck), quiet: quiet})
 	return Evidence{}, errors.Join(errs...)
 }
 
@@ -238,35 +259,16 @@ func (e *statusError) Error() string {
 // ask reads one endpoint and parses it with its adapter.
 func (s *Scraper) ask(ctx context.Context, root string, ep endpoint, custom []string) (Evidence, error) {
 	target := root + string(ep)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	resp, err := s.open(ctx, target, ep == epMetrics)
 	if err != nil {
-		return Evidence{}, fmt.Errorf("scrape %s: %w", target, err)
-	}
-	if ep == epMetrics {
-		req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-	}
-	client := s.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return Evidence{}, fmt.Errorf("scrape: %w", err) // *url.Error names the URL
+		return Evidence{}, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // keep the connection
-		return Evidence{}, fmt.Errorf("scrape: %w", &statusError{target, resp.StatusCode})
-	}
 	body := io.LimitReader(resp.Body, maxBody)
 	var ev Evidence
 	switch ep {
 	case epMetrics:
-		format := expfmt.ResponseFormat(resp.Header)
-		if format.FormatType() == expfmt.TypeUnknown {
-			format = expfmt.NewFormat(expfmt.TypeTextPlain)
-		}
-		ev, err = Parse(body, format, custom)
+		ev, err = Parse(body, formatOf(resp), custom)
 		if err == nil && !ev.Counts {
 			err = errNoAdapter
 		}
@@ -287,21 +289,69 @@ func (s *Scraper) ask(ctx context.Context, root string, ep endpoint, custom []st
 	return ev, nil
 }
 
-// Parse decodes a metrics exposition in the given format (text or
-// OpenMetrics) and extracts the Evidence: the first of custom's names, then
-// the known engines', that the exposition holds.
-func Parse(r io.Reader, format expfmt.Format, custom []string) (Evidence, error) {
+// open GETs target (asking for Prometheus text when metrics is set) and
+// returns the response of a 200, whose body the caller closes.
+func (s *Scraper) open(ctx context.Context, target string, metrics bool) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", target, err)
+	}
+	if metrics {
+		req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	}
+	client := s.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape: %w", err) // *url.Error names the URL
+	}
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // keep the connection
+		resp.Body.Close()
+		return nil, fmt.Errorf("scrape: %w", &statusError{target, resp.StatusCode})
+	}
+	return resp, nil
+}
+
+// formatOf is the exposition format of a metrics response; text when it
+// does not say.
+func formatOf(resp *http.Response) expfmt.Format {
+	format := expfmt.ResponseFormat(resp.Header)
+	if format.FormatType() == expfmt.TypeUnknown {
+		format = expfmt.NewFormat(expfmt.TypeTextPlain)
+	}
+	return format
+}
+
+// decodeAll decodes every family of an exposition.
+func decodeAll(r io.Reader, format expfmt.Format) ([]*dto.MetricFamily, error) {
 	dec := expfmt.NewDecoder(r, format)
-	families := make(map[string]*dto.MetricFamily)
+	var out []*dto.MetricFamily
 	for {
 		mf := new(dto.MetricFamily)
 		err := dec.Decode(mf)
 		if errors.Is(err, io.EOF) {
-			break
+			return out, nil
 		}
 		if err != nil {
-			return Evidence{}, fmt.Errorf("parse metrics: %w", err)
+			return nil, fmt.Errorf("parse metrics: %w", err)
 		}
+		out = append(out, mf)
+	}
+}
+
+// Parse decodes a metrics exposition in the given format (text or
+// OpenMetrics) and extracts the Evidence: the first of custom's names, then
+// the known engines', that the exposition holds.
+func Parse(r io.Reader, format expfmt.Format, custom []string) (Evidence, error) {
+	all, err := decodeAll(r, format)
+	if err != nil {
+		return Evidence{}, err
+	}
+	families := make(map[string]*dto.MetricFamily, len(all))
+	for _, mf := range all {
 		families[mf.GetName()] = mf
 	}
 	var ev Evidence

@@ -13,12 +13,16 @@ import (
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/napd/napd/internal/httpfixture"
 )
 
 const (
 	fixtures       = "../testdata/metrics/"
 	engineFixtures = "../testdata/engines/"
-	promText       = "text/plain; version=0.0.4; charset=utf-8"
+	// llamacpp holds a real llama-server's answers (testdata/llamacpp/README.md).
+	llamacpp = "../../testdata/llamacpp/"
+	promText = "text/plain; version=0.0.4; charset=utf-8"
 )
 
 var textFormat = expfmt.NewFormat(expfmt.TypeTextPlain)
@@ -67,6 +71,12 @@ func metrics(t *testing.T, file, contentType string) map[string]route {
 	return map[string]route{"/metrics": {contentType: contentType, body: fixture(t, fixtures+file)}}
 }
 
+// recorded is a route answering a real engine's recorded answer.
+func recorded(t testing.TB, file string) route {
+	r := httpfixture.Load(t, llamacpp+file)
+	return route{contentType: r.Header.Get("Content-Type"), body: r.Body, status: r.Status}
+}
+
 func TestScraper_Recorded(t *testing.T) {
 	ollamaHeld := []Held{
 		{Name: "qwen2.5:0.5b", ExpiresAt: time.Date(2319, 3, 10, 9, 41, 7, 123456789, time.UTC)},
@@ -82,8 +92,9 @@ func TestScraper_Recorded(t *testing.T) {
 		{"vllm", metrics(t, "vllm.txt", promText), nil, Evidence{Engine: EngineVLLM, Counts: true, Running: 5, Waiting: 1, SleepState: "awake", Progress: 184213, HaveProgress: true}, false},
 		{"vllm sleeping", metrics(t, "vllm-sleeping.txt", promText), nil, Evidence{Engine: EngineVLLM, Counts: true, SleepState: "weights_offloaded"}, true},
 		{"sglang", metrics(t, "sglang.txt", promText), nil, Evidence{Engine: EngineSGLang, Counts: true, Progress: 8123, HaveProgress: true}, true},
-		{"llamacpp idle", metrics(t, "llamacpp.txt", promText), nil, Evidence{Engine: EngineLlamaCpp, Counts: true, Progress: 1731, HaveProgress: true}, true},
-		{"llamacpp busy", metrics(t, "llamacpp-busy.txt", promText), nil, Evidence{Engine: EngineLlamaCpp, Counts: true, Running: 2, Waiting: 1, Progress: 4096 + 1500 + 1510, HaveProgress: true}, false},
+		{"llamacpp idle", map[string]route{"/metrics": recorded(t, "metrics-idle.http")}, nil, Evidence{Engine: EngineLlamaCpp, Counts: true, HaveProgress: true}, true},
+		// tokens_predicted 0, prompt_tokens 2, n_decode 1211: one long generation under way.
+		{"llamacpp busy", map[string]route{"/metrics": recorded(t, "metrics-busy.http")}, nil, Evidence{Engine: EngineLlamaCpp, Counts: true, Running: 1, Progress: 2 + 1211, HaveProgress: true}, false},
 		{"tgi", metrics(t, "tgi.txt", promText), nil, Evidence{Engine: EngineTGI, Counts: true, Running: 4, Waiting: 3}, false},
 		{"tgi idle", metrics(t, "tgi-idle.txt", promText), nil, Evidence{Engine: EngineTGI, Counts: true}, true},
 		{"custom", metrics(t, "custom.txt", promText), []string{"myengine_active_requests", "myengine_queue_size"}, Evidence{Engine: EngineCustom, Counts: true, Running: 3}, false},
@@ -92,8 +103,16 @@ func TestScraper_Recorded(t *testing.T) {
 		{"no content type", metrics(t, "vllm.txt", ""), nil, Evidence{Engine: EngineVLLM, Counts: true, Running: 5, Waiting: 1, SleepState: "awake", Progress: 184213, HaveProgress: true}, false},
 		{"llamacpp slots without --metrics", map[string]route{
 			"/metrics": {status: http.StatusNotImplemented, body: []byte(`{"error":{"code":501,"message":"This server does not support metrics endpoint. Start it with --metrics","type":"not_supported_error"}}`)},
-			"/slots":   {contentType: "application/json", body: fixture(t, engineFixtures+"llamacpp-slots.json")},
-		}, nil, Evidence{Engine: EngineLlamaCpp, Counts: true, Running: 1, Progress: 87, HaveProgress: true}, false},
+			"/slots":   recorded(t, "slots-busy.http"),
+		}, nil, Evidence{Engine: EngineLlamaCpp, Counts: true, Running: 1, Progress: 1222, HaveProgress: true}, false},
+		{"llamacpp slots idle", map[string]route{
+			"/metrics": {status: http.StatusNotImplemented},
+			"/slots":   recorded(t, "slots-idle.http"),
+		}, nil, Evidence{Engine: EngineLlamaCpp, Counts: true}, true},
+		// Builds before next_token became an array of them (b5xxx) sent one object.
+		{"llamacpp slots, older builds", map[string]route{"/slots": {contentType: "application/json",
+			body: []byte(`[{"id":0,"is_processing":true,"next_token":{"has_next_token":true,"n_decoded":87}},{"id":1,"is_processing":false}]`)}},
+			nil, Evidence{Engine: EngineLlamaCpp, Counts: true, Running: 1, Progress: 87, HaveProgress: true}, false},
 		{"ollama", map[string]route{"/api/ps": {contentType: "application/json", body: fixture(t, engineFixtures+"ollama-ps.json")}}, nil, Evidence{Engine: EngineOllama, Held: ollamaHeld}, false},
 		{"ollama holding nothing", map[string]route{"/api/ps": {contentType: "application/json", body: fixture(t, engineFixtures+"ollama-ps-empty.json")}}, nil, Evidence{Engine: EngineOllama, Held: []Held{}}, false},
 	}
@@ -210,8 +229,11 @@ func TestParseOllamaPS_Malformed(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, name := range []string{"vllm.txt", "vllm-sleeping.txt", "sglang.txt", "llamacpp.txt", "llamacpp-busy.txt", "tgi.txt", "custom.txt"} {
+	for _, name := range []string{"vllm.txt", "vllm-sleeping.txt", "sglang.txt", "tgi.txt", "custom.txt"} {
 		f.Add(fixture(f, fixtures+name), "myengine_queue_size")
+	}
+	for _, name := range []string{"metrics-idle.http", "metrics-busy.http"} {
+		f.Add(httpfixture.Load(f, llamacpp+name).Body, "")
 	}
 	f.Fuzz(func(t *testing.T, text []byte, custom string) {
 		ev, err := Parse(bytes.NewReader(text), textFormat, strings.Fields(custom))
@@ -228,7 +250,8 @@ func FuzzParse(f *testing.F) {
 }
 
 func FuzzParseSlots(f *testing.F) {
-	f.Add(fixture(f, engineFixtures+"llamacpp-slots.json"))
+	f.Add(httpfixture.Load(f, llamacpp+"slots-busy.http").Body)
+	f.Add(httpfixture.Load(f, llamacpp+"slots-idle.http").Body)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ev, err := ParseSlots(data)
 		if err == nil && (ev.Running < 0 || !ev.Counts || ev.Waiting != 0) {
@@ -246,4 +269,30 @@ func FuzzParseOllamaPS(f *testing.F) {
 			t.Fatalf("inconsistent evidence %+v", ev)
 		}
 	})
+}
+
+// A quiet scrape never asks /slots (a task to llama.cpp: it would wake a
+// llama-server asleep by itself and hold its idle sleep off), also of an
+// engine a plain scrape found there: without --metrics such an engine
+// gives no evidence rather than be woken.
+func TestScraper_QuietNeverAsksSlots(t *testing.T) {
+	url, hits := serve(t, map[string]route{
+		"/metrics": {status: http.StatusNotImplemented},
+		"/slots":   recorded(t, "slots-busy.http"),
+	})
+	s := new(Scraper)
+	if ev, err := s.Scrape(context.Background(), url, nil); err != nil || ev.Running != 1 {
+		t.Fatalf("plain scrape: %+v %v", ev, err)
+	}
+	before := hits["/slots"].Load()
+	if ev, err := s.ScrapeQuiet(context.Background(), url, nil); err == nil || ev.Have() {
+		t.Errorf("quiet scrape without /metrics: %+v %v; want no evidence", ev, err)
+	}
+	if n := hits["/slots"].Load() - before; n != 0 {
+		t.Errorf("a quiet scrape asked /slots %d times", n)
+	}
+	metricsURL, _ := serve(t, map[string]route{"/metrics": recorded(t, "metrics-busy.http")})
+	if ev, err := s.ScrapeQuiet(context.Background(), metricsURL, nil); err != nil || ev.Running != 1 {
+		t.Errorf("quiet scrape with /metrics: %+v %v", ev, err)
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/napd/napd/tests/harness"
 )
@@ -106,5 +108,66 @@ func TestMetrics_ScrapedAndParsed(t *testing.T) {
 	}
 	if v := value(sample(fams, "napd_model_state", with("state", "sleeping"))); v != 1 {
 		t.Errorf("napd_model_state{state=sleeping} after the idle sleep = %v, want 1", v)
+	}
+}
+
+// The engines' own metrics on the metrics listener (/metrics/engines):
+// nothing for a sleeping model, and no wake for it; an awake engine's,
+// labelled with its model, read without a lease or a counted request, so
+// a Prometheus job scraping them all the time keeps no model awake: the
+// model still goes to sleep at its idle timeout.
+func TestMetrics_EnginesWithoutWake(t *testing.T) {
+	n := harness.Start(t, harness.Options{Models: demo("m", `idle_timeout = "3s"`)})
+	engines := func(query string) map[string]*dto.MetricFamily {
+		t.Helper()
+		resp, err := http.Get("http://" + n.Metrics + "/metrics/engines" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /metrics/engines%s: %s", query, resp.Status)
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			t.Fatalf("parse: %v", err)
+		}
+		return fams
+	}
+	if fams := engines(""); len(fams) != 0 {
+		t.Fatalf("a sleeping model's engine metrics: %v; want none", fams)
+	}
+	if fams := engines("?model=m"); len(fams) != 0 {
+		t.Fatalf("?model=m asleep: %v; want none", fams)
+	}
+	if st := n.ModelStatus("m").State; st != "sleeping" {
+		t.Fatalf("after the scrapes m is %s; want it left asleep", st)
+	}
+	if r := post(context.Background(), n, "m", harness.Chat("m", false, 2)); r.status != http.StatusOK {
+		t.Fatalf("request: %v", r)
+	}
+	fams := engines("")
+	if s := sample(fams, "vllm:num_requests_running", map[string]string{"model": "m", "model_name": "m"}); s == nil {
+		t.Fatalf("an awake engine's vllm:num_requests_running{model=m} missing: %v", fams)
+	}
+	if v := value(sample(fams, "napd_engine_metrics_up", map[string]string{"model": "m"})); v != 1 {
+		t.Errorf("napd_engine_metrics_up{model=m} = %v, want 1", v)
+	}
+	// Scraped all the time, the model still sleeps at its idle timeout.
+	deadline := time.Now().Add(20 * time.Second)
+	for n.ModelStatus("m").State != "sleeping" {
+		if time.Now().After(deadline) {
+			t.Fatal("scraping its engine's metrics kept m awake")
+		}
+		engines("?model=m")
+		time.Sleep(200 * time.Millisecond)
+	}
+	napd := scrape(t, n)
+	if v := value(sample(napd, "napd_requests_total", map[string]string{"model": "m", "code": "200"})); v != 1 {
+		t.Errorf("napd_requests_total{code=200} = %v; want only the one request, no scrape", v)
+	}
+	if v := value(sample(napd, "napd_wakes_total", map[string]string{"model": "m", "result": "ok"})); v != 1 {
+		t.Errorf("napd_wakes_total{ok} = %v; want the request's wake only", v)
 	}
 }
