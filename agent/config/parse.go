@@ -143,14 +143,17 @@ func (d *decoder) addAt(e entry, msg string) { d.add(e.file, e.line, e.path, msg
 // configuration, or every problem found, sorted by file and line.
 func (d *decoder) finish() (*Config, error) {
 	d.resolveModels()
+	byPlace := func(a, b Problem) int {
+		return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
+	}
 	if len(d.errs) > 0 {
-		slices.SortStableFunc(d.errs, func(a, b Problem) int {
-			return cmp.Or(cmp.Compare(d.order[a.File], d.order[b.File]), cmp.Compare(a.Line, b.Line), strings.Compare(a.Key, b.Key))
-		})
+		slices.SortStableFunc(d.errs, byPlace)
 		// A template's value checked for each model that takes it is
 		// reported once.
 		return nil, slices.Compact(d.errs)
 	}
+	// In file order too: a table's keys are decoded in a map's order.
+	slices.SortStableFunc(d.warnings, byPlace)
 	d.cfg.Warnings = d.warnings
 	return d.cfg, nil
 }
@@ -596,6 +599,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"keep_awake":        setWindows(&m.KeepAwake),
 	})
 	maps.Copy(schema, containerSchema(m))
+	maps.Copy(schema, remoteSchema(m))
 	return schema
 }
 
@@ -610,6 +614,8 @@ func newModel(name string) *Model {
 		Queue:          DefaultQueue,
 		StopTimeout:    DefaultStopTimeout,
 		Evidence:       EvidenceAuto,
+		APIKeyHeader:   DefaultAPIKeyHeader,
+		OverflowWhen:   OverflowLate,
 	}
 }
 
@@ -655,14 +661,23 @@ func (d *decoder) resolveModels() {
 		d.substitute(mt, name, vars)
 		d.fields(mt, withMeta(schema))
 		m.setPolicy(pol)
-		d.checkContainer(m, mt, cfg.Agent)
+		// A url that did not decode is reported already: the model is
+		// still remote, and the keys of a local one are not asked for.
+		remote := mt.has("url")
+		d.checkRemote(m, mt, schema)
+		if !remote {
+			d.checkContainer(m, mt, cfg.Agent)
+		}
 		// [gateway] is decoded before the models.
 		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
-		d.checkModel(m, mt)
+		if !remote {
+			d.checkModel(m, mt)
+		}
 		d.decls = append(d.decls, decl{m, mt})
 		d.record(mt, schema, tmpls)
 	}
 	d.checkUnique(d.decls, cfg)
+	d.checkOverflow(d.decls)
 	for _, dc := range d.decls {
 		cfg.Models = append(cfg.Models, dc.m)
 	}

@@ -69,6 +69,13 @@ type Turn struct {
 	// RetryAfter is the Retry-After of a RoomRefused 503: the waiter's
 	// typical wake plus the holders' typical request time.
 	RetryAfter time.Duration
+	// ReadyBy (RoomWait) is when the memory is expected to be free: the
+	// latest end among the holders, an idle or draining one's now, a busy
+	// one's its yield plus its typical request (a yielding one's a
+	// typical request from now). Zero when a holder's end cannot be told
+	// (it is loading, busy with work napd did not admit, or ahead in
+	// line).
+	ReadyBy time.Time
 }
 
 // Holder is a model holding memory a waiter needs, and why it holds it.
@@ -305,24 +312,33 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		r.decide(c, ReasonMakeRoom, why)
 		holders = append(holders, Holder{c.Name, HoldIdle, c.shareOn(short)})
 	}
+	readyBy, known := r.in.Now, len(left) == 0 // idle and draining holders free theirs now
 	for _, c := range busy {
 		r.taken[c.Name] = true
 		label, at := HoldBusy, r.yieldAt(c, m, w)
 		switch {
 		case c.State == lifecycle.Waking:
-			label = HoldWaking
+			label, known = HoldWaking, false
 		case c.Leases.Active == 0:
 			// Work napd did not admit (the engine says busy): it cannot be
 			// told to yield; its memory comes back when it ends.
+			known = false
 		case !r.in.Now.Before(at):
 			label = HoldYielding
 			why := fmt.Sprintf("yield to %s, which waited %s for its memory (yield_after %s); frees %s",
 				m.Name, r.in.Now.Sub(w.Oldest).Round(time.Second), c.YieldAfter, c.freesOn(short))
 			r.decide(c, ReasonYield, why)
+			at = r.in.Now
 		case plan.Recheck.IsZero() || at.Before(plan.Recheck):
 			plan.Recheck = at
 		}
+		if end := at.Add(c.Learned.Request); end.After(readyBy) {
+			readyBy = end
+		}
 		holders = append(holders, Holder{c.Name, label, c.shareOn(short)})
+	}
+	if known {
+		t.ReadyBy = readyBy
 	}
 	if len(left) > 0 {
 		// The rest is promised to waiters ahead, or held by models still

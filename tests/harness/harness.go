@@ -309,6 +309,21 @@ func (n *Napd) Post(ctx context.Context, path, body string, header ...string) (*
 	return resp, b, err
 }
 
+// MetricsText is napd's /metrics as it serves it.
+func (n *Napd) MetricsText() string {
+	n.t.Helper()
+	resp, err := http.Get("http://" + n.Metrics + "/metrics")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return string(b)
+}
+
 // Napctl runs napctl against this napd and returns its combined output.
 func (n *Napd) Napctl(args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(Bin(n.t), "napctl"), append([]string{"--socket", n.Socket, "--config", n.Config}, args...)...)
