@@ -28,12 +28,14 @@ var ErrNoOverflow = errors.New("no overflow target can take the request now")
 var errLate = errors.New("the wake it waits for is expected to end after its deadline")
 
 // overflow hands w, which the model cannot serve in time (why: a room or
-// queue 503, or errLate), to the model's overflow targets. done reports
+// queue 503, or errLate), to the model's overflow targets, unless the
+// client has the first bytes of its answer already (a stream committed
+// early for wake progress stays here). done reports
 // that w is no longer the model's: t is the target's ticket, or err why
 // the request ended there. Not done, nothing moved and w is still here.
 func (m *Model) overflow(ctx context.Context, w *waiter, why error) (t *gateway.Ticket, err error, done bool) {
 	cfg := m.Snapshot().Config
-	if m.d.Overflow == nil || len(cfg.Overflow) == 0 || !overflows(why) {
+	if m.d.Overflow == nil || len(cfg.Overflow) == 0 || !overflows(why) || gateway.Committed(ctx) {
 		return nil, nil, false
 	}
 	t, moved, err := m.d.Overflow(ctx, cfg.Overflow, w.id)
