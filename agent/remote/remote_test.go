@@ -400,3 +400,49 @@ func FuzzNapdState(f *testing.F) {
 		}
 	})
 }
+
+// The bounds of a health check: its answer is read up to maxHealthBody
+// (a longer one is still an answer), and it waits at most
+// health_interval (CheckTimeout at most) for a remote that hangs. A
+// credential file is at most maxCredential bytes.
+func TestModel_CheckBounds(t *testing.T) {
+	var served atomic.Int64
+	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		chunk := []byte(strings.Repeat("x", 64<<10))
+		for range 2 * maxHealthBody / len(chunk) {
+			n, err := w.Write(chunk)
+			served.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(huge.Close)
+	r := newRig(t, remoteCfg(huge.URL, nil))
+	r.m.check(context.Background(), r.m.link)
+	if s := r.m.Snapshot(); s.State != lifecycle.Awake || s.RemoteState != "" {
+		t.Errorf("an answer of %d bytes: %+v, want awake", served.Load(), s)
+	}
+
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); hung.Close() })
+	r = newRig(t, remoteCfg(hung.URL, func(c *config.Model) { c.HealthInterval, c.HealthFailures = 50*time.Millisecond, 1 }))
+	r.m.check(context.Background(), r.m.link)
+	if s := r.m.Snapshot(); s.State != lifecycle.Unverified || !strings.Contains(s.Reason, "deadline exceeded") {
+		t.Errorf("a remote that hangs: %+v, want unverified by the check's deadline", s)
+	}
+
+	big := filepath.Join(t.TempDir(), "big.key")
+	if err := os.WriteFile(big, []byte(strings.Repeat("k", maxCredential+1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadCredential(big); err == nil || strings.Contains(err.Error(), "kkkk") {
+		t.Errorf("a credential file over %d bytes: %v", maxCredential, err)
+	}
+}

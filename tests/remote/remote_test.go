@@ -269,6 +269,21 @@ health_interval = "0"
 		!strings.Contains(body, "remote model hang (") || !strings.Contains(body, "within the request deadline") {
 		t.Errorf("hang: %d after %s: %s", resp.StatusCode, took, body)
 	}
+
+	// A reload with a key file every user may read is refused, and the
+	// running configuration keeps serving with the key it read.
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := n.Napctl("reload"); err == nil || !strings.Contains(out, "lets every user read it") || strings.Contains(out, "sk-tls") {
+		t.Errorf("napctl reload: %v\n%s", err, out)
+	}
+	if resp, body := chat(t, n, "tls"); resp.StatusCode != http.StatusOK {
+		t.Errorf("tls after the refused reload: %d %s", resp.StatusCode, body)
+	}
+	if chats := rec.chats(); len(chats) != 2 || chats[1].Get("X-Api-Key") != "sk-tls-remote" {
+		t.Errorf("after the refused reload the engine saw %v", chats)
+	}
 }
 
 // napd --check reads a remote's files as a start would: a key others may
