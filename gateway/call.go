@@ -175,6 +175,7 @@ func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key str
 		Kind:           c.kind,
 		Stream:         c.stream,
 		IdempotencyKey: key,
+		ByName:         c.requested != "",
 	}
 	if key != "" {
 		a.Fingerprint = fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, c.model, whole)

@@ -186,3 +186,38 @@ func TestRemote_FailsFastNamingTheRemote(t *testing.T) {
 		t.Errorf("outcome %+v, want refused", o)
 	}
 }
+
+// A request that names its model may be served by another model (it is
+// renamed there); /upstream/MODEL/… and a model's own socket reach that
+// model's engine and may not.
+func TestAdmission_ByName(t *testing.T) {
+	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{Routes: []Route{{Method: "GET", Path: "/props"}}})
+	for _, c := range []struct {
+		method, path, body string
+		want               bool
+	}{
+		{"POST", "/v1/chat/completions", chatM1, true},
+		{"GET", "/props?model=m1", "", true},
+		{"POST", "/upstream/m1/v1/chat/completions", chatM1, false},
+	} {
+		if resp, body := e.do(c.method, c.path, c.body, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", c.method, c.path, resp.StatusCode, body)
+		}
+		e.models.outcome()
+		got := e.models.admitted()
+		if a := got[len(got)-1]; a.ByName != c.want {
+			t.Errorf("%s %s: ByName %v, want %v", c.method, c.path, a.ByName, c.want)
+		}
+	}
+	dedicated := serveGateway(t, e.gw.ModelHandler("m1"), nil)
+	resp, err := http.Post(dedicated.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatM1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	e.models.outcome()
+	got := e.models.admitted()
+	if got[len(got)-1].ByName {
+		t.Error("a request on the model's own socket may be served elsewhere")
+	}
+}

@@ -69,6 +69,12 @@ type Request struct {
 	// method, path, model and body). The same key with another fingerprint
 	// is Conflict, never a join or a replay of someone else's answer.
 	Fingerprint string
+	// ByName: the request names its model (in its body, form or query, on
+	// an OpenAI-style route), so another model serving the same API may
+	// take it, renamed (overflow). False for /upstream/MODEL/… and a
+	// model's own socket, which reach that model's engine, and for napd's
+	// own admissions (wakes).
+	ByName bool
 }
 
 // Stored is a finished response kept for replays. The Tracker hands out the

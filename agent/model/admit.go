@@ -28,7 +28,7 @@ type waiter struct {
 	granted   bool
 	grantedAt time.Time
 	woke      bool      // it waited for a wake
-	stay      bool      // no overflow target took it when it was late: it waits here
+	stay      bool      // it waits here, never taken out as late: it cannot move, or no target took it
 	inst      *instance // the engine instance it was granted to
 	// reply carries the loop's answer when the request waits for it
 	// (buffered 1: the loop never blocks on it). It is made only then: an
@@ -88,7 +88,9 @@ func (m *Model) Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, 
 	if adm.Verdict != lease.Started {
 		return replay, err
 	}
-	w := &waiter{m: m, id: adm.ID, client: req.Client, arrived: m.now()}
+	// A request that cannot be served elsewhere stays: it is never
+	// taken out of the queue as late.
+	w := &waiter{m: m, id: adm.ID, client: req.Client, arrived: m.now(), stay: !req.ByName}
 	w.deadline, _ = ctx.Deadline()
 	if !m.inlineFor(w, arrival) {
 		m.end(w, cancelled)
@@ -99,7 +101,7 @@ func (m *Model) Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, 
 		g, err = m.await(ctx, w)
 	}
 	for err != nil {
-		if t, oerr, done := m.overflow(ctx, w, err); done {
+		if t, oerr, done := m.overflow(ctx, w, req, err); done {
 			return t, oerr
 		}
 		if !errors.Is(err, errLate) {
@@ -398,6 +400,7 @@ func (m *Model) unreached(w *waiter, inst *instance) {
 		m.active--
 	}
 	w.woke = true
+	w.stay = true // handed back inside the proxy: it cannot move any more
 	m.queue = append([]*waiter{w}, m.queue...)
 	if inst == m.eng && !inst.gone.Load() && m.machine.Snapshot().State.Serving() {
 		m.log.Warn("engine refused a connection: handled as an exit")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/gateway"
 )
@@ -28,14 +29,16 @@ var ErrNoOverflow = errors.New("no overflow target can take the request now")
 var errLate = errors.New("the wake it waits for is expected to end after its deadline")
 
 // overflow hands w, which the model cannot serve in time (why: a room or
-// queue 503, or errLate), to the model's overflow targets, unless the
-// client has the first bytes of its answer already (a stream committed
-// early for wake progress stays here). done reports
+// queue 503, or errLate), to the model's overflow targets, unless req
+// cannot be served elsewhere (not routed by name: /upstream/MODEL/…, a
+// model's own socket, napd's own wakes) or the client has the first bytes
+// of its answer already (a stream committed early for wake progress stays
+// here). done reports
 // that w is no longer the model's: t is the target's ticket, or err why
 // the request ended there. Not done, nothing moved and w is still here.
-func (m *Model) overflow(ctx context.Context, w *waiter, why error) (t *gateway.Ticket, err error, done bool) {
+func (m *Model) overflow(ctx context.Context, w *waiter, req lease.Request, why error) (t *gateway.Ticket, err error, done bool) {
 	cfg := m.Snapshot().Config
-	if m.d.Overflow == nil || len(cfg.Overflow) == 0 || !overflows(why) || gateway.Committed(ctx) {
+	if m.d.Overflow == nil || len(cfg.Overflow) == 0 || !req.ByName || !overflows(why) || gateway.Committed(ctx) {
 		return nil, nil, false
 	}
 	t, moved, err := m.d.Overflow(ctx, cfg.Overflow, w.id)

@@ -92,19 +92,24 @@ func (r *rig) overflowed(a *admission) *gateway.Ticket {
 }
 
 // A request the full queue would refuse goes to the overflow target,
-// with its lease; with no target that can take it, it gets the 503.
+// with its lease; with no target that can take it, it gets the 503, and
+// so does one that cannot be served elsewhere (not routed by name:
+// /upstream/MODEL/…, napctl wake).
 func TestOverflow_QueueFull(t *testing.T) {
 	r, target := overflowRig(t, supervisor.Awake, config.OverflowRefused, func(c *config.Model) { c.Queue = 0 }, nil)
 	r.expect(lifecycle.Awake)
 	first := r.granted(r.admit(context.Background()))
-	tk := r.overflowed(r.admit(context.Background()))
+	var ref *gateway.Refusal
+	if _, err := r.admit(context.Background()).result(t); !errors.As(err, &ref) || ref.Code != gateway.CodeQueueFull || target.times() != 0 {
+		t.Fatalf("a request not routed by name: %v (target asked %d times), want the 503 here", err, target.times())
+	}
+	tk := r.overflowed(r.admitBy(0))
 	if r.leases("m") != 1 || r.leases("cloud") != 1 {
 		t.Errorf("leases: m %d, cloud %d; want one each", r.leases("m"), r.leases("cloud"))
 	}
 	tk.Done(gateway.Outcome{})
 	target.setTake(false)
-	_, err := r.admit(context.Background()).result(t)
-	var ref *gateway.Refusal
+	_, err := r.admitBy(0).result(t)
 	if !errors.As(err, &ref) || ref.Code != gateway.CodeQueueFull {
 		t.Fatalf("no target takes it: %v, want the 503", err)
 	}
@@ -126,7 +131,7 @@ func TestOverflow_RoomRefusal(t *testing.T) {
 				d.MakeRoom = func(context.Context, string, func(string)) ([]int, error) { return nil, refusal }
 			})
 			r.expect(lifecycle.Sleeping)
-			tk := r.overflowed(r.admit(context.Background()))
+			tk := r.overflowed(r.admitBy(0))
 			tk.Done(gateway.Outcome{})
 			r.until("asleep", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Sleeping })
 			if r.leases("m") != 0 {
@@ -153,14 +158,19 @@ func (r *rig) learnWake(took time.Duration) {
 	}
 }
 
-// admitBy admits a request whose deadline is in on the model's clock.
+// admitBy admits a request routed by name (one that may overflow) whose
+// deadline is in on the model's clock; 0: none.
 func (r *rig) admitBy(in time.Duration) *admission {
-	ctx, cancel := context.WithDeadline(context.Background(), r.clock.Now().Add(in))
-	r.t.Cleanup(cancel)
+	ctx := context.Background()
+	if in > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, r.clock.Now().Add(in))
+		r.t.Cleanup(cancel)
+	}
 	a := &admission{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.ticket, a.err = r.m.Admit(ctx, lease.Request{Model: "m", Kind: request.Chat})
+		a.ticket, a.err = r.m.Admit(ctx, lease.Request{Model: "m", Kind: request.Chat, ByName: true})
 	}()
 	return a
 }
@@ -177,9 +187,18 @@ func TestOverflow_LateAtArrival(t *testing.T) {
 	late := r.admitBy(5 * time.Second)
 	wake := r.next("wake")
 	r.overflowed(late).Done(gateway.Outcome{})
+	// Not routed by name, as late: it waits.
+	ctx, cancel := context.WithDeadline(context.Background(), r.clock.Now().Add(5*time.Second))
+	defer cancel()
+	here := &admission{done: make(chan struct{})}
+	go func() {
+		defer close(here.done)
+		here.ticket, here.err = r.m.Admit(ctx, lease.Request{Model: "m", Kind: request.Other})
+	}()
 	inTime := r.admitBy(30 * time.Second)
-	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
+	r.until("two queued", func(s Snapshot) bool { return s.QueueDepth == 2 })
 	wake.reply <- nil
+	r.granted(here).Done(gateway.Outcome{}) // queued first, one slot
 	r.granted(inTime).Done(gateway.Outcome{})
 
 	refused, _ := overflowRig(t, supervisor.Stopped, config.OverflowRefused, nil, nil)
