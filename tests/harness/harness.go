@@ -387,6 +387,23 @@ func (n *Napd) ModelStatus(name string) control.ModelStatus {
 	return control.ModelStatus{}
 }
 
+// WaitModel waits until model's status row satisfies ok, and returns it;
+// the test fails after within.
+func (n *Napd) WaitModel(model string, within time.Duration, ok func(control.ModelStatus) bool) control.ModelStatus {
+	n.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		s := n.ModelStatus(model)
+		if ok(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("%s's status within %s: %+v\n%s", model, within, s, n.Log())
+		}
+		time.Sleep(50 * time.Millisecond) // status changes within a second
+	}
+}
+
 // Chat is a small chat-completion body for model.
 func Chat(model string, stream bool, maxTokens int) string {
 	return fmt.Sprintf(`{"model":%q,"stream":%t,"max_tokens":%d,"messages":[{"role":"user","content":"hello"}]}`,

@@ -21,7 +21,7 @@ func remoteBox(t *testing.T) *harness.Napd {
 			harness.DemoModel("slow", "warm_on_start = true", "--ttft", "3s"),
 	})
 	for _, m := range []string{"qwen", "slow"} {
-		waitFor(t, b, m, func(s control.ModelStatus) bool { return s.State == "awake" })
+		b.WaitModel(m, 30*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" })
 	}
 	return b
 }
@@ -29,22 +29,6 @@ func remoteBox(t *testing.T) *harness.Napd {
 // remoteModel is a [models.cloud] on napd B's model served.
 func remoteModel(b *harness.Napd, served string) string {
 	return fmt.Sprintf("[models.cloud]\nurl = \"http://%s/v1\"\nserved_name = %q\nhealth_interval = \"1s\"\n", b.Addr, served)
-}
-
-// waitFor waits until model's status on n satisfies ok.
-func waitFor(t *testing.T, n *harness.Napd, model string, ok func(control.ModelStatus) bool) control.ModelStatus {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		s := n.ModelStatus(model)
-		if ok(s) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's status: %+v\n%s", model, s, n.Log())
-		}
-		time.Sleep(50 * time.Millisecond) // status changes within a second
-	}
 }
 
 func sendWith(t *testing.T, n *harness.Napd, model string, header ...string) (*http.Response, string) {
@@ -74,7 +58,7 @@ func TestOverflow_LateRequestGoesToTheRemote(t *testing.T) {
 	})
 	requireFakeSMI(t, n)
 	t.Cleanup(func() { neverTogether(t, env) })
-	waitFor(t, n, "cloud", func(s control.ModelStatus) bool { return s.State == "awake" })
+	n.WaitModel("cloud", 30*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" })
 	// b's wake and a's requests are learned.
 	for _, m := range []string{"b", "a", "a"} {
 		if resp, body := sendWith(t, n, m); resp.StatusCode != http.StatusOK || resp.Header.Get("X-Napd-Served-By") != "" {
@@ -124,7 +108,7 @@ func TestOverflow_RefusedOnlyAndIdempotentRetry(t *testing.T) {
 	})
 	requireFakeSMI(t, n)
 	t.Cleanup(func() { neverTogether(t, env) })
-	waitFor(t, n, "cloud", func(s control.ModelStatus) bool { return s.State == "awake" })
+	n.WaitModel("cloud", 30*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" })
 
 	if resp, body := sendWith(t, n, "a"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("a: %d %s", resp.StatusCode, body)
@@ -162,7 +146,7 @@ func TestOverflow_RefusedOnlyAndIdempotentRetry(t *testing.T) {
 	}
 	wg.Add(1)
 	go send(0)
-	waitFor(t, box, "slow", func(s control.ModelStatus) bool { return s.Leases == 1 }) // the first is at the remote
+	box.WaitModel("slow", 30*time.Second, func(s control.ModelStatus) bool { return s.Leases == 1 }) // the first is at the remote
 	wg.Add(1)
 	go send(1)
 	wg.Wait()

@@ -36,22 +36,6 @@ func writeFile(t *testing.T, dir, name, body string, mode os.FileMode) string {
 	return p
 }
 
-// waitStatus waits until model's status row on n satisfies ok.
-func waitStatus(t *testing.T, n *harness.Napd, model string, within time.Duration, ok func(control.ModelStatus) bool) control.ModelStatus {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		s := n.ModelStatus(model)
-		if ok(s) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's status within %s: %+v\n%s", model, within, s, n.Log())
-		}
-		time.Sleep(50 * time.Millisecond) // a health check every second
-	}
-}
-
 // remoteNapd is napd B, the remote: model qwen (a demo engine, awake from
 // the start), API keys on, napd A's key among them.
 func remoteNapd(t *testing.T, dir string) *harness.Napd {
@@ -85,7 +69,7 @@ func chat(t *testing.T, n *harness.Napd, model string, header ...string) (*http.
 func TestRemote_AnotherNapd(t *testing.T) {
 	dir := t.TempDir()
 	b := remoteNapd(t, dir)
-	waitStatus(t, b, "qwen", 20*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" })
+	b.WaitModel("qwen", 20*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" })
 	aKeys := writeFile(t, dir, "a-keys", "alice:sk-alice\n", 0o600)
 	bKey := writeFile(t, dir, "b.key", "sk-from-a\n", 0o600)
 	a := harness.Start(t, harness.Options{
@@ -99,7 +83,7 @@ health_interval = "1s"
 health_failures = 2
 `, b.Addr, bKey),
 	})
-	waitStatus(t, a, "box2", 10*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" && s.RemoteState == "awake" })
+	a.WaitModel("box2", 10*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" && s.RemoteState == "awake" })
 
 	resp, body := chat(t, a, "qwen-elsewhere", "Authorization", "Bearer sk-alice")
 	if resp.StatusCode != http.StatusOK {
@@ -132,7 +116,7 @@ health_failures = 2
 	if out, err := b.Napctl("sleep", "qwen"); err != nil {
 		t.Fatalf("napctl sleep on B: %v\n%s", err, out)
 	}
-	waitStatus(t, a, "box2", 10*time.Second, func(s control.ModelStatus) bool { return s.RemoteState == "sleeping" })
+	a.WaitModel("box2", 10*time.Second, func(s control.ModelStatus) bool { return s.RemoteState == "sleeping" })
 	if out, err := a.Napctl("status"); err != nil || !strings.Contains(out, "box2: remote http://"+b.Addr+"/v1 · remote_state sleeping") {
 		t.Errorf("napctl status: %v\n%s", err, out)
 	}
@@ -141,7 +125,7 @@ health_failures = 2
 	}
 
 	b.Stop()
-	s := waitStatus(t, a, "box2", 10*time.Second, func(s control.ModelStatus) bool { return s.State == "unverified" })
+	s := a.WaitModel("box2", 10*time.Second, func(s control.ModelStatus) bool { return s.State == "unverified" })
 	if !strings.Contains(s.Reason, "health check GET /v1/models") || s.RemoteState != "" {
 		t.Errorf("unverified: %+v", s)
 	}
@@ -239,7 +223,7 @@ url = "%s"
 health_interval = "0"
 `, srv.URL, caFile, key, srv.URL, otherFile, hang.URL)})
 
-	waitStatus(t, n, "tls", 10*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" })
+	n.WaitModel("tls", 10*time.Second, func(s control.ModelStatus) bool { return s.State == "awake" })
 	resp, body := chat(t, n, "tls", "Authorization", "Bearer sk-client", "X-Api-Key", "sk-client")
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("tls: %d %s", resp.StatusCode, body)
@@ -250,7 +234,7 @@ health_interval = "0"
 		t.Errorf("the engine saw %v, want napd's key in x-api-key alone", chats)
 	}
 
-	s := waitStatus(t, n, "wrongca", 10*time.Second, func(s control.ModelStatus) bool { return s.Reason != "not checked yet" })
+	s := n.WaitModel("wrongca", 10*time.Second, func(s control.ModelStatus) bool { return s.Reason != "not checked yet" })
 	if s.State != "unverified" || !strings.Contains(s.Reason, "certificate") {
 		t.Errorf("wrongca: %+v", s)
 	}
