@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -119,6 +121,7 @@ func TestRemote_TLSVerified(t *testing.T) {
 		_, _ = w.Write([]byte(`{"ok":true}`))
 	}))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Server("127.0.0.1")}}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is what the test makes
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 

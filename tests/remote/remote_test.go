@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -189,6 +190,7 @@ func TestRemote_TLSAndDeadline(t *testing.T) {
 	eng := demoengine.New(demoengine.Options{Models: []string{"demo"}, TTFT: 5 * time.Millisecond})
 	srv := httptest.NewUnstartedServer(rec.wrap(eng.Handler()))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Server("127.0.0.1")}}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // wrongca's refused handshakes are the test's
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
