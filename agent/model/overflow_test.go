@@ -195,6 +195,7 @@ func TestOverflow_LateAtArrival(t *testing.T) {
 		defer close(here.done)
 		here.ticket, here.err = r.m.Admit(ctx, lease.Request{Model: "m", Kind: request.Other})
 	}()
+	r.until("one queued", func(s Snapshot) bool { return s.QueueDepth == 1 })
 	inTime := r.admitBy(30 * time.Second)
 	r.until("two queued", func(s Snapshot) bool { return s.QueueDepth == 2 })
 	wake.reply <- nil
