@@ -190,6 +190,11 @@ func Run(ctx context.Context, opts Options) error {
 		Leases:     func(name string) lease.Evidence { ev, _ := a.tracker.Evidence(name); return ev },
 		Footprints: memos["footprints"], Placements: memos["placements"],
 		Metrics: a.metrics, Emit: a.hub.Publish, Clock: a.clock, After: time.After, Log: log,
+		Expect: func(name string, by time.Time) {
+			if m := a.reg.Load().byName[name]; m != nil {
+				m.RoomExpected(by)
+			}
+		},
 	})
 
 	plan, err := a.planRegistry(cfg, nil)
@@ -256,8 +261,12 @@ func (a *Agent) closeSupervisor() {
 
 // stopModels ends every model loop (each closes its engine links).
 func (a *Agent) stopModels() {
-	for _, m := range a.reg.Load().list {
+	reg := a.reg.Load()
+	for _, m := range reg.list {
 		m.Shutdown()
+	}
+	for _, m := range reg.remotes {
+		m.Close()
 	}
 	a.loops.Wait()
 }
@@ -544,8 +553,12 @@ func (a *Agent) ticker(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			for _, m := range a.reg.Load().list {
+			reg := a.reg.Load()
+			for _, m := range reg.list {
 				m.Tick()
+			}
+			for _, m := range reg.remotes {
+				m.Tick() // its health check, when due
 			}
 			if now.Sub(lastPlan) >= planEvery {
 				lastPlan = now
@@ -602,7 +615,10 @@ func (a *Agent) statusLine() string {
 	for _, m := range reg.list {
 		states[m.Snapshot().Lifecycle.State]++
 	}
-	return notify.Line(states, len(reg.list), a.tracker.Stats().Live)
+	for _, m := range reg.remotes {
+		states[m.Snapshot().State]++
+	}
+	return notify.Line(states, len(reg.list)+len(reg.remotes), a.tracker.Stats().Live)
 }
 
 // warnConfig logs what is wrong with cfg but does not stop napd: the

@@ -19,8 +19,12 @@ import (
 var _ control.Controller = (*Agent)(nil)
 
 func (a *Agent) model(name string) (*model.Model, error) {
-	m, ok := a.reg.Load().resolve(name)
+	reg := a.reg.Load()
+	m, ok := reg.resolve(name)
 	if !ok {
+		if n, remote := reg.resolveName(name); remote {
+			return nil, notLocal(n)
+		}
 		return nil, fmt.Errorf("%w: %q", control.ErrNotFound, name)
 	}
 	return m, nil
@@ -72,6 +76,9 @@ func (a *Agent) Status() control.Status {
 			}
 		}
 		st.Models = append(st.Models, row)
+	}
+	for _, m := range a.reg.Load().remotes {
+		st.Models = append(st.Models, a.remoteRow(m))
 	}
 	st.Usage, st.Quotas = usageRows(a.usage.Since(a.clock().Add(-24*time.Hour))), a.quotasToday(a.clock())
 	return st
@@ -169,6 +176,9 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 			}
 		}
 		snap.Models = append(snap.Models, mm)
+	}
+	for _, m := range a.reg.Load().remotes {
+		snap.Models = append(snap.Models, a.remoteMetrics(m))
 	}
 	if ms != nil {
 		if ms.HaveMem {

@@ -14,6 +14,7 @@ import (
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
 	"github.com/napd/napd/agent/model"
+	"github.com/napd/napd/agent/remote"
 	"github.com/napd/napd/agent/room"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/supervisor"
@@ -25,17 +26,30 @@ type registry struct {
 	list    []*model.Model
 	desk    []room.Model // list, as the make-room desk sees it
 	byName  map[string]*model.Model
-	aliases map[string]string
+	aliases map[string]string // of local and remote models
+	// The models served elsewhere (url): no loop, no engine.
+	remotes    []*remote.Model
+	remoteName map[string]*remote.Model
 }
 
+// resolve finds the local model a name or alias names.
 func (r *registry) resolve(name string) (*model.Model, bool) {
 	if m, ok := r.byName[name]; ok {
 		return m, true
 	}
+	m := r.byName[r.aliases[name]]
+	return m, m != nil
+}
+
+// resolveName is the name of the model, local or remote, a name or alias
+// names.
+func (r *registry) resolveName(name string) (string, bool) {
 	if n, ok := r.aliases[name]; ok {
-		return r.byName[n], true
+		return n, true
 	}
-	return nil, false
+	_, local := r.byName[name]
+	_, remote := r.remoteName[name]
+	return name, local || remote
 }
 
 // registryPlan is what a config generation's registry needs, computed
@@ -43,15 +57,24 @@ func (r *registry) resolve(name string) (*model.Model, bool) {
 // napd allocated for it to remember once the plan is applied.
 type registryPlan struct {
 	cfg      *config.Config
-	specs    []supervisor.Spec
-	allocate map[string]int // model -> newly allocated port
+	specs    map[string]supervisor.Spec
+	allocate map[string]int          // model -> newly allocated port
+	links    map[string]*remote.Link // of the remote models
 }
 
 // planRegistry computes the registry of cfg next to old (nil at start).
 // It changes nothing: a failure leaves the running models untouched.
 func (a *Agent) planRegistry(cfg *config.Config, old *registry) (*registryPlan, error) {
-	p := &registryPlan{cfg: cfg, allocate: make(map[string]int)}
+	p := &registryPlan{cfg: cfg, specs: make(map[string]supervisor.Spec), allocate: make(map[string]int), links: make(map[string]*remote.Link)}
 	for _, mc := range cfg.Models {
+		if mc.Remote() {
+			link, err := remote.NewLink(mc)
+			if err != nil {
+				return nil, err
+			}
+			p.links[mc.Name] = link
+			continue
+		}
 		var prev *model.Model
 		if old != nil {
 			prev = old.byName[mc.Name]
@@ -63,7 +86,7 @@ func (a *Agent) planRegistry(cfg *config.Config, old *registry) (*registryPlan, 
 		if fresh {
 			p.allocate[mc.Name] = port
 		}
-		p.specs = append(p.specs, specOf(mc, port))
+		p.specs[mc.Name] = specOf(mc, port)
 	}
 	return p, nil
 }
@@ -77,9 +100,16 @@ func (a *Agent) applyRegistry(p *registryPlan, old *registry) *registry {
 			a.log.Warn("remembering the allocated port", "model", name, "err", err)
 		}
 	}
-	r := &registry{byName: make(map[string]*model.Model), aliases: make(map[string]string)}
-	for i, mc := range p.cfg.Models {
-		spec := p.specs[i]
+	r := &registry{byName: make(map[string]*model.Model), aliases: make(map[string]string), remoteName: make(map[string]*remote.Model)}
+	for _, mc := range p.cfg.Models {
+		for _, al := range mc.Aliases {
+			r.aliases[al] = mc.Name
+		}
+		if mc.Remote() {
+			a.applyRemote(r, p.links[mc.Name], old)
+			continue
+		}
+		spec := p.specs[mc.Name]
 		var m *model.Model
 		if old != nil {
 			m = old.byName[mc.Name]
@@ -94,9 +124,6 @@ func (a *Agent) applyRegistry(p *registryPlan, old *registry) *registry {
 		r.list = append(r.list, m)
 		r.desk = append(r.desk, m)
 		r.byName[mc.Name] = m
-		for _, al := range mc.Aliases {
-			r.aliases[al] = mc.Name
-		}
 	}
 	return r
 }
@@ -114,6 +141,7 @@ func (a *Agent) modelDeps() model.Deps {
 		WaitingFor:    a.desk.WaitingFor,
 		Idle:          a.desk.ModelIdle,
 		Probe:         a.prober.ProbeEngine,
+		Overflow:      a.overflow,
 		Log:           a.log,
 		Ctx:           a.ctx,
 		Usage:         a.usage,
@@ -258,6 +286,7 @@ func (a *Agent) Reload() error {
 			m.Retire()
 		}
 	}
+	a.retireRemotes(oldReg, reg)
 	for _, m := range added {
 		go m.Observe(a.ctx)
 	}
@@ -275,11 +304,7 @@ func (g *gatewayModels) agent() *Agent { return (*Agent)(g) }
 
 // Resolve implements gateway.Models.
 func (g *gatewayModels) Resolve(name string) (string, bool) {
-	m, ok := g.agent().reg.Load().resolve(name)
-	if !ok {
-		return "", false
-	}
-	return m.Name(), true
+	return g.agent().reg.Load().resolveName(name)
 }
 
 // List implements gateway.Models.
@@ -295,6 +320,9 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 		}
 		routerInfo(&info, s)
 		out = append(out, info)
+	}
+	for _, m := range reg.remotes {
+		out = append(out, remoteInfo(m.Snapshot()))
 	}
 	return out
 }
@@ -317,7 +345,11 @@ func (g *gatewayModels) Progress(model string) (string, bool) {
 
 // Admit implements gateway.Models.
 func (g *gatewayModels) Admit(ctx context.Context, a lease.Request) (*gateway.Ticket, error) {
-	m, ok := g.agent().reg.Load().byName[a.Model]
+	reg := g.agent().reg.Load()
+	m, ok := reg.byName[a.Model]
+	if r := reg.remoteName[a.Model]; r != nil {
+		return r.Admit(ctx, a)
+	}
 	if !ok {
 		return nil, &gateway.Refusal{Status: http.StatusNotFound, Code: "model_not_found",
 			Message: fmt.Sprintf("model %q does not exist", a.Model)}
@@ -327,9 +359,12 @@ func (g *gatewayModels) Admit(ctx context.Context, a lease.Request) (*gateway.Ti
 
 // QueueDepth implements gateway.Models.
 func (g *gatewayModels) QueueDepth(model string) int {
-	m, ok := g.agent().reg.Load().byName[model]
-	if !ok {
-		return 0
+	reg := g.agent().reg.Load()
+	if m, ok := reg.byName[model]; ok {
+		return m.QueueDepth()
 	}
-	return m.QueueDepth()
+	if r := reg.remoteName[model]; r != nil {
+		return r.QueueDepth()
+	}
+	return 0
 }

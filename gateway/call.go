@@ -187,6 +187,7 @@ func (c *call) dispatch(ctx context.Context, r *http.Request, up upload, key str
 		Stream:         c.stream,
 		IdempotencyKey: key,
 		Asked:          asked,
+		ByName:         c.requested != "",
 	}
 	if c.scope != nil {
 		a.Priority = c.scope.Priority

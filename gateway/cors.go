@@ -7,7 +7,7 @@ import (
 
 // exposedHeaders are the headers of napd's answers a browser script may
 // read: what napd sets and what clients retry by.
-const exposedHeaders = "X-Queue-Depth, X-Napd-Wake-Ms, X-Napd-Replayed, X-Napd-Priority, Retry-After, Request-Id, X-Request-Id"
+const exposedHeaders = "X-Queue-Depth, X-Napd-Wake-Ms, X-Napd-Replayed, X-Napd-Priority, X-Napd-Served-By, Retry-After, Request-Id, X-Request-Id"
 
 // cors applies Options.CORSOrigins. An allowed origin gets
 // Access-Control-Allow-Origin on every answer and its preflights are

@@ -59,13 +59,14 @@ func faultOf(err error) Fault {
 	return FaultFailed
 }
 
-// message is the 502's message for f.
-func (f Fault) message(model string) string {
+// message is the 502's message for f, where who is the engine or remote
+// the request went to (call.upstream).
+func (f Fault) message(who string) string {
 	switch f {
 	case FaultRefused:
-		return "the engine of model " + model + " refused the connection"
+		return who + " refused the connection"
 	case FaultConnectTimeout:
-		return "the engine of model " + model + " did not accept a connection in time"
+		return who + " did not accept a connection in time"
 	}
-	return "cannot reach the engine of model " + model
+	return "cannot reach " + who
 }

@@ -128,6 +128,9 @@ type Observation struct {
 	// Usage is the engine's token count, when HasUsage.
 	Usage    Usage
 	HasUsage bool
+	// ServedBy is the remote model an overflowed request went to, "" when
+	// it was served by the model it asked for.
+	ServedBy string
 }
 
 // StatusClientClosed is the status reported to the log and to
@@ -299,6 +302,9 @@ func (c *call) observation(status int, d time.Duration) Observation {
 			o.FirstByte = c.w.firstByte.Sub(c.start)
 		}
 		o.Usage, o.HasUsage = c.usage.Usage()
+		if c.ticket != nil {
+			o.ServedBy = c.ticket.ServedBy
+		}
 	}
 	return o
 }
@@ -334,6 +340,9 @@ func (c *call) finish(r *http.Request) {
 		slog.Bool("stream", c.stream),
 		slog.Bool("cancelled", c.cancelled),
 		slog.Bool("replayed", c.replayed),
+	}
+	if c.ticket != nil && c.ticket.ServedBy != "" {
+		attrs = append(attrs, slog.String("served_by", c.ticket.ServedBy))
 	}
 	if c.fault != FaultNone {
 		// "cut": the engine's answer ended before it was complete.

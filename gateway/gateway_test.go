@@ -51,7 +51,7 @@ func TestGateway_ForwardsBodyByteForByte(t *testing.T) {
 	if s[0].header.Get("X-Custom") != "v" || s[0].header.Get("X-Forwarded-For") == "" {
 		t.Errorf("engine headers %v", s[0].header)
 	}
-	want := lease.Request{Model: "m1", Kind: request.Chat}
+	want := lease.Request{Model: "m1", Kind: request.Chat, ByName: true}
 	if a := e.models.admitted(); len(a) != 1 || a[0] != want {
 		t.Errorf("admissions %+v, want %+v", a, want)
 	}
@@ -84,7 +84,7 @@ func TestGateway_KindAndStreamFromRequest(t *testing.T) {
 	}
 	got := e.models.admitted()
 	for i, c := range cases {
-		c.want.IdempotencyKey = "k-" + c.path
+		c.want.IdempotencyKey, c.want.ByName = "k-"+c.path, true
 		if len(got[i].Fingerprint) != 64 {
 			t.Errorf("%s: fingerprint %q", c.path, got[i].Fingerprint)
 		}

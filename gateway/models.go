@@ -50,6 +50,12 @@ type Ticket struct {
 	// gateway sets in a JSON body to Class.Engine().
 	Class          priority.Class
 	EnginePriority bool
+	// Remote, when set, is the model served elsewhere that Target is
+	// (docs/remote.md); ServedBy, when not "", names the remote model
+	// that serves a request sent away from the model it was asked for
+	// (overflow): the answer says so in X-Napd-Served-By.
+	Remote   *Remote
+	ServedBy string
 	// Replay is a stored response for a finished request with the same key.
 	Replay *lease.Stored
 	// Done releases the lease. It must be called exactly once.
@@ -125,3 +131,11 @@ type Refusal struct {
 }
 
 func (r *Refusal) Error() string { return r.Message }
+
+// Codes of the 503s that say there is no room for the model's wake, or no
+// place in its queue: no engine saw such a request, so it may be sent to
+// an overflow target (docs/remote.md).
+const (
+	CodeQueueFull             = "queue_full"
+	CodeInsufficientGPUMemory = "insufficient_gpu_memory"
+)

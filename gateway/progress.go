@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/napd/napd/agent/lease"
@@ -35,8 +36,9 @@ func (c *call) admitWithProgress(ctx context.Context, p Progress, a lease.Reques
 		err error
 	}
 	done := make(chan result, 1)
+	var committed atomic.Bool
 	go func() {
-		t, err := c.g.models.Admit(ctx, a)
+		t, err := c.g.models.Admit(context.WithValue(ctx, committedKey{}, &committed), a)
 		done <- result{t, err}
 	}()
 	after, every := c.g.opts.ProgressAfter, c.g.opts.ProgressEvery
@@ -53,11 +55,24 @@ func (c *call) admitWithProgress(ctx context.Context, p Progress, a lease.Reques
 		case r := <-done:
 			return r.t, r.err
 		case <-tick.C:
+			committed.Store(true)
 			label, _ := p.Progress(a.Model)
 			c.w.progress(fmt.Sprintf(": %s, %d s\n\n", label, int(c.g.now().Sub(c.start).Seconds())))
 			tick.Reset(every)
 		}
 	}
+}
+
+type committedKey struct{}
+
+// Committed reports whether the answer of the request being admitted
+// within ctx has started: its stream was committed early for wake
+// progress, and the client has its first bytes. Such a request is not
+// sent elsewhere (overflow, docs/remote.md): a stream moves only before
+// its first byte.
+func Committed(ctx context.Context) bool {
+	f, _ := ctx.Value(committedKey{}).(*atomic.Bool)
+	return f != nil && f.Load()
 }
 
 // progress sends an SSE comment, committing the stream (200, SSE headers)

@@ -111,3 +111,38 @@ func TestWakeProgress_OnlyStreamsOfModelsThatOptIn(t *testing.T) {
 		}
 	}
 }
+
+// The model layer learns when a stream was committed early (its client
+// has bytes): from then on the request must not be sent elsewhere.
+func TestWakeProgress_AdmitLearnsTheStreamStarted(t *testing.T) {
+	e := newEnv(t, oneChunkEngine, Options{})
+	release := make(chan struct{})
+	before, after := make(chan bool, 1), make(chan bool, 1)
+	e.models.admit = func(ctx context.Context, a lease.Request) (*Ticket, error) {
+		before <- Committed(ctx)
+		<-release
+		after <- Committed(ctx)
+		return e.models.ticket(0), nil
+	}
+	gw := New(Options{RequestTimeout: 10 * time.Second, Logger: e.gw.log, ProgressAfter: time.Millisecond, ProgressEvery: time.Hour}, progressModels{e.models})
+	srv := serveGateway(t, gw.Handler(), nil)
+	resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m1","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if c := <-before; c {
+		t.Error("committed before anything was sent")
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if c := <-after; !c {
+		t.Error("not committed once the client had a comment")
+	}
+	e.models.outcome()
+	if Committed(context.Background()) {
+		t.Error("a request without wake progress reads as committed")
+	}
+}

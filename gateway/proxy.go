@@ -60,7 +60,10 @@ func (c *call) rewrite(pr *httputil.ProxyRequest) {
 	out := pr.Out
 	out.URL.Path, out.URL.RawPath = c.path, c.rawPath
 	pr.SetURL(c.ticket.Target)
-	pr.SetXForwarded()
+	remote := c.ticket.Remote
+	if remote == nil {
+		pr.SetXForwarded()
+	}
 	served := c.served
 	if served != "" && c.byQuery {
 		v, _ := url.ParseQuery(out.URL.RawQuery)
@@ -79,6 +82,9 @@ func (c *call) rewrite(pr *httputil.ProxyRequest) {
 		// napd's key is for napd, never for the engine.
 		h.Del("Authorization")
 		h.Del("X-Api-Key")
+	}
+	if remote != nil {
+		remote.setCredential(h)
 	}
 	if c.served != "" {
 		// A mapped answer must come uncompressed.
@@ -104,6 +110,13 @@ func (c *call) answer(resp *http.Response) error {
 		// 503 may come after work began: it goes out as 502.
 		resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
 		h.Set(HeaderEngineStatus, "503")
+	}
+	if c.ticket.Remote != nil {
+		// A remote napd's queue is not this one's.
+		h.Del(HeaderQueueDepth)
+	}
+	if by := c.ticket.ServedBy; by != "" {
+		h.Set(HeaderServedBy, by)
 	}
 	c.setModelHeaders(h)
 	c.w.now = c.g.now
@@ -149,14 +162,20 @@ func (c *call) failed(ctx context.Context, err error) {
 	case errors.As(err, &ref):
 		c.refused(err) // a rerouted request the model could not take
 	case errors.Is(ctxErr, context.DeadlineExceeded):
-		c.fail(http.StatusGatewayTimeout, "timeout", "the engine of model "+c.model+" did not answer within the request deadline")
+		c.fail(http.StatusGatewayTimeout, "timeout", c.upstreamName()+" did not answer within the request deadline")
 	case ctxErr != nil:
 		// The client left (or the server is stopping): not an error.
 		c.gone = true
 	default:
 		c.fault = faultOf(err)
 		c.g.log.Warn("engine connection failed", slog.String("model", c.model), slog.String("fault", c.fault.String()), slog.Any("error", err))
-		c.fail(http.StatusBadGateway, "engine_unreachable", c.fault.message(c.model))
+		msg := c.fault.message(c.upstreamName())
+		if c.ticket.Remote != nil {
+			if why := remoteFailure(err); why != "" {
+				msg += ": " + why
+			}
+		}
+		c.fail(http.StatusBadGateway, "engine_unreachable", msg)
 	}
 }
 

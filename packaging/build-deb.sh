@@ -107,7 +107,7 @@ doc=$stage/usr/share/doc/napd
 # Uncompressed: the shipped config, the units and the man pages name these
 # paths.
 install -D -m 0644 -t "$doc" "$top/README.md" "$top/docs/install.md" "$top/docs/config.md" "$top/docs/fleet.md" \
-	"$top/docs/migrating.md"
+	"$top/docs/migrating.md" "$top/docs/remote.md"
 install -D -m 0644 -t "$doc/examples" "$top/docs/examples/haproxy.cfg"
 
 maintainer=$(sed -n 's/^Maintainer: //p' "$pkg/debian/control.in")

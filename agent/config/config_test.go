@@ -352,6 +352,7 @@ port = 8102
 		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,
 		DeepSleep: sleepmode.Stop, DeepSleepAfter: 30 * time.Minute,
 		Priority: 3, EnginePriority: true, PriorityAge: time.Minute,
+		APIKeyHeader: DefaultAPIKeyHeader, OverflowWhen: OverflowLate,
 	}
 	if !reflect.DeepEqual(cfg.Models[0], want) {
 		t.Errorf("zeta =\n%+v\nwant\n%+v", cfg.Models[0], want)
@@ -508,8 +509,8 @@ func TestLoad_ShippedExamplesAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Models) != 5 {
-		t.Errorf("%d example models, want 5", len(cfg.Models))
+	if len(cfg.Models) != 6 {
+		t.Errorf("%d example models, want 6", len(cfg.Models))
 	}
 }
 

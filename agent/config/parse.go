@@ -611,6 +611,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"engine_priority":   setBool(&m.EnginePriority),
 	})
 	maps.Copy(schema, containerSchema(m))
+	maps.Copy(schema, remoteSchema(m))
 	return schema
 }
 
@@ -625,6 +626,8 @@ func newModel(name string) *Model {
 		Queue:          DefaultQueue,
 		StopTimeout:    DefaultStopTimeout,
 		Evidence:       EvidenceAuto,
+		APIKeyHeader:   DefaultAPIKeyHeader,
+		OverflowWhen:   OverflowLate,
 	}
 }
 
@@ -672,15 +675,24 @@ func (d *decoder) resolveModels() {
 		d.substitute(mt, name, vars)
 		d.fields(mt, withMeta(schema))
 		m.setPolicy(pol)
-		d.checkContainer(m, mt, cfg.Agent)
+		// A url that did not decode is reported already: the model is
+		// still remote, and the keys of a local one are not asked for.
+		remote := mt.has("url")
+		d.checkRemote(m, mt, schema)
+		if !remote {
+			d.checkContainer(m, mt, cfg.Agent)
+		}
 		// [gateway] is decoded before the models.
 		m.FairShare = pol.FairShare == FairShareOn || (pol.FairShare == FairShareAuto && cfg.Gateway.APIKeysFile != "")
 		m.PriorityAge = cfg.Policy.PriorityAge
-		d.checkModel(m, mt)
+		if !remote {
+			d.checkModel(m, mt)
+		}
 		d.decls = append(d.decls, decl{m, mt})
 		d.record(mt, schema, tmpls)
 	}
 	d.checkUnique(d.decls, cfg)
+	d.checkOverflow(d.decls)
 	for _, dc := range d.decls {
 		cfg.Models = append(cfg.Models, dc.m)
 	}

@@ -255,4 +255,22 @@ type Model struct {
 	ContainerArgs    []string // more flags of the create line
 	Pull             string   // PullNever or PullMissing
 	ContainerPort    int      // published as 127.0.0.1:Port; 0 = the host's network
+
+	// A remote model (docs/remote.md): URL is set, and napd runs no engine
+	// for it. URL is the remote's OpenAI base URL (ending in /v1) or its
+	// root; APIKeyFile holds the credential napd sends, in APIKeyHeader
+	// (Authorization: as "Bearer KEY"); TLSCAFile is the CA its TLS
+	// certificate is checked against instead of the system's.
+	URL          string
+	APIKeyFile   string
+	APIKeyHeader string
+	TLSCAFile    string
+	// Overflow names the remote models a request for this local model is
+	// sent to, in order, when napd cannot serve it here in time;
+	// OverflowWhen (OverflowRefused or OverflowLate) says when.
+	Overflow     []string
+	OverflowWhen string
 }
+
+// Remote reports a model served elsewhere (url is set).
+func (m *Model) Remote() bool { return m.URL != "" }

@@ -120,6 +120,11 @@ type ModelStatus struct {
 	// GPU memory, and WaitingFor the holders of that memory.
 	RoomWaiting int    `json:"room_waiting,omitempty"`
 	WaitingFor  string `json:"waiting_for,omitempty"`
+	// Remote is the url of a model served elsewhere, and RemoteState
+	// what a remote napd says of it (its /v1/models napd.state; "" when
+	// the remote is no napd).
+	Remote      string `json:"remote,omitempty"`
+	RemoteState string `json:"remote_state,omitempty"`
 }
 
 // HostMemory is the host's memory figures; zero-valued fields were not measured.

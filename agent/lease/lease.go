@@ -74,6 +74,12 @@ type Request struct {
 	// Asked the class the request asked for (X-Napd-Priority; None: not
 	// asked): the model resolves its class from them (priority.Resolve).
 	Priority, Asked priority.Class
+	// ByName: the request names its model (in its body, form or query, on
+	// an OpenAI-style route), so another model serving the same API may
+	// take it, renamed (overflow). False for /upstream/MODEL/… and a
+	// model's own socket, which reach that model's engine, and for napd's
+	// own admissions (wakes).
+	ByName bool
 }
 
 // Stored is a finished response kept for replays. The Tracker hands out the
@@ -194,7 +200,10 @@ const maxSpare = 256
 type live struct {
 	lease       Lease
 	fingerprint string
-	done        chan struct{} // made on the first join, closed by End
+	// scope is the model whose requests the idempotency key is among:
+	// the one Begin took the lease for, also once it moved (Move).
+	scope string
+	done  chan struct{} // made on the first join, closed by End
 }
 
 type activity struct {
@@ -261,7 +270,7 @@ func (t *Tracker) Begin(now time.Time, r Request) (Admission, error) {
 	*l = live{lease: Lease{
 		ID: t.last, Model: r.Model, Client: r.Client, Kind: r.Kind,
 		Streamed: r.Stream, Key: r.IdempotencyKey, Start: now,
-	}, fingerprint: r.Fingerprint}
+	}, fingerprint: r.Fingerprint, scope: r.Model}
 	t.live[l.lease.ID] = l
 	if r.IdempotencyKey != "" {
 		t.inflight[k] = l
@@ -291,7 +300,7 @@ func (t *Tracker) End(now time.Time, id ID, out Outcome) (e Ended, ok bool) {
 	}
 	stored := false
 	if l.lease.Key != "" {
-		k := storeKey{model: l.lease.Model, client: l.lease.Client, key: l.lease.Key}
+		k := storeKey{model: l.scope, client: l.lease.Client, key: l.lease.Key}
 		delete(t.inflight, k)
 		if !out.Cancelled && out.Response != nil {
 			t.store.expire(now)

@@ -130,6 +130,7 @@ func everyFamily(t *testing.T) map[string]*dto.MetricFamily {
 	})
 	m.Request(gateway.Observation{Model: "a", Client: "c", Kind: request.Chat, Status: 200, Admitted: true,
 		Duration: time.Second, FirstByte: time.Second, WakeWait: time.Second, HasUsage: true})
+	m.Request(gateway.Observation{Model: "a", Client: "c", Kind: request.Chat, Status: 200, Admitted: true, ServedBy: "cloud"})
 	m.Wakes.WithLabelValues("a", "ok").Inc()
 	m.WakeTime.WithLabelValues("a").Observe(1)
 	m.Sleeps.WithLabelValues("a", "idle").Inc()

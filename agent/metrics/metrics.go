@@ -68,6 +68,7 @@ type Metrics struct {
 	RoomWaits  *prometheus.CounterVec   // model
 	RoomWait   *prometheus.HistogramVec // model
 	Swaps      *prometheus.CounterVec   // model, reason
+	Overflows  *prometheus.CounterVec   // model, target, code
 	snapshotFn func() Snapshot
 
 	// Per request, by model, kind and stream.
@@ -150,6 +151,10 @@ func New(snapshot func() Snapshot) *Metrics {
 		Swaps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "napd_swaps_total", Help: "Models put to sleep for another model waiting for their memory, by reason (make-room: idle, yield: busy).",
 		}, []string{"model", "reason"}),
+		Overflows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "napd_overflow_requests_total",
+			Help: "Requests sent to an overflow target (a remote model) instead of the model they asked for, by that model, the target and HTTP status code.",
+		}, []string{"model", "target", "code"}),
 		snapshotFn: snapshot,
 		duration: requestHistogram("napd_request_duration_seconds",
 			"Admitted requests: time from arrival to the last byte of the answer."),
@@ -166,7 +171,7 @@ func New(snapshot func() Snapshot) *Metrics {
 			Name: "napd_completion_tokens_total", Help: "Completion tokens by model and client, from the engine's usage object.",
 		}, []string{"model", "client"}),
 	}
-	m.reg.MustRegister(m.Wakes, m.Sleeps, m.WakeTime, m.Requests, m.Decisions, m.Reloads, m.RoomWaits, m.RoomWait, m.Swaps,
+	m.reg.MustRegister(m.Wakes, m.Sleeps, m.WakeTime, m.Requests, m.Decisions, m.Reloads, m.RoomWaits, m.RoomWait, m.Swaps, m.Overflows,
 		m.duration, m.firstByte, m.queueWait, m.wakeWait, m.promptTokens, m.completionTokens,
 		(*gauges)(m),
 		collectors.NewGoCollector(),
@@ -190,6 +195,8 @@ func (m *Metrics) Forget(model string) {
 	for _, v := range []*prometheus.HistogramVec{m.WakeTime, m.duration, m.firstByte, m.queueWait, m.wakeWait, m.RoomWait} {
 		v.DeletePartialMatch(prometheus.Labels{"model": model})
 	}
+	m.Overflows.DeletePartialMatch(prometheus.Labels{"model": model})
+	m.Overflows.DeletePartialMatch(prometheus.Labels{"target": model})
 }
 
 // SetClients bounds the client label to names (the current keys file's;
@@ -316,6 +323,10 @@ func (m *Metrics) Request(o gateway.Observation) {
 	s.requests.Inc()
 	if !admitted {
 		return
+	}
+	if o.ServedBy != "" {
+		// Label values bounded by the config: targets are remote models.
+		m.Overflows.WithLabelValues(o.Model, o.ServedBy, strconv.Itoa(o.Status)).Inc()
 	}
 	s.duration.Observe(o.Duration.Seconds())
 	s.queueWait.Observe(o.QueueWait.Seconds())

@@ -31,8 +31,11 @@ type waiter struct {
 	deadline               time.Time // the request's deadline; zero = none
 	granted                bool
 	grantedAt              time.Time
-	woke                   bool      // it waited for a wake
-	inst                   *instance // the engine instance it was granted to
+	woke                   bool // it waited for a wake
+	// stay: it waits here, never taken out as late (it cannot move, or
+	// no overflow target took it).
+	stay bool
+	inst *instance // the engine instance it was granted to
 	// reply carries the loop's answer when the request waits for it
 	// (buffered 1: the loop never blocks on it). It is made only then: an
 	// answer given while the request's own goroutine runs its arrival
@@ -95,31 +98,13 @@ func (m *Model) ticket(w *waiter, g grant) *gateway.Ticket {
 // is asked for a slot.
 func (m *Model) Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, error) {
 	req.Model = m.name
-	var adm lease.Admission
-	var now time.Time
-	for {
-		var err error
-		now = m.now()
-		adm, err = m.d.Tracker.Begin(now, req)
-		if err != nil {
-			return nil, err
-		}
-		if adm.Verdict == lease.Conflict {
-			return nil, keyReused()
-		}
-		if adm.Verdict == lease.Replayed {
-			return &gateway.Ticket{Replay: adm.Response, Done: func(gateway.Outcome) {}}, nil
-		}
-		if adm.Verdict == lease.Started {
-			break
-		}
-		select { // Joined: wait for the first request, then ask again
-		case <-adm.Wait:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	adm, replay, err := BeginLease(ctx, m.d.Tracker, m.d.Clock, req)
+	if adm.Verdict != lease.Started {
+		return replay, err
 	}
-	w := &waiter{m: m, id: adm.ID, client: req.Client, keyClass: req.Priority, asked: req.Asked, arrived: now}
+	// A request that cannot be served elsewhere stays: it is never
+	// taken out of the queue as late.
+	w := &waiter{m: m, id: adm.ID, client: req.Client, keyClass: req.Priority, asked: req.Asked, arrived: m.now(), stay: !req.ByName}
 	w.deadline, _ = ctx.Deadline()
 	if !m.inlineFor(w, arrival) {
 		m.end(w, cancelled)
@@ -129,15 +114,57 @@ func (m *Model) Admit(ctx context.Context, req lease.Request) (*gateway.Ticket, 
 	if !w.answered {
 		g, err = m.await(ctx, w)
 	}
-	if err != nil {
-		m.end(w, cancelled)
-		return nil, err
+	for err != nil {
+		if t, oerr, done := m.overflow(ctx, w, req, err); done {
+			return t, oerr
+		}
+		if !errors.Is(err, errLate) {
+			m.end(w, cancelled)
+			return nil, err
+		}
+		// Late, and no overflow target could take it: it waits here
+		// after all (w is in no queue: nothing else touches it now).
+		w.stay, w.answered, w.answer = true, false, grant{}
+		if !m.inlineFor(w, arrival) {
+			m.end(w, cancelled)
+			return nil, m.removed()
+		}
+		g, err = w.answer, w.answer.err
+		if !w.answered {
+			g, err = m.await(ctx, w)
+		}
 	}
 	w.first = g.inst
 	t := &w.ticket
 	*t = g.ticket()
 	t.Done, t.Reroute = w.Done, w.Reroute
 	return t, nil
+}
+
+// BeginLease takes the lease of req, at clock's time (see
+// gateway.Models.Admit): Started, a new lease for the caller to serve; or
+// a replay ticket of the finished request with the same key, after
+// waiting within ctx for the one in flight; or why there is neither (a
+// key used for another request is 422).
+func BeginLease(ctx context.Context, tr *lease.Tracker, clock func() time.Time, req lease.Request) (lease.Admission, *gateway.Ticket, error) {
+	for {
+		adm, err := tr.Begin(clock(), req)
+		switch {
+		case err != nil:
+			return lease.Admission{}, nil, err
+		case adm.Verdict == lease.Conflict:
+			return lease.Admission{}, nil, keyReused()
+		case adm.Verdict == lease.Replayed:
+			return adm, &gateway.Ticket{Replay: adm.Response, Done: func(gateway.Outcome) {}}, nil
+		case adm.Verdict == lease.Started:
+			return adm, nil, nil
+		}
+		select { // Joined: wait for the first request, then ask again
+		case <-adm.Wait:
+		case <-ctx.Done():
+			return lease.Admission{}, nil, ctx.Err()
+		}
+	}
 }
 
 // cancelled ends a request that never reached the engine.
@@ -207,7 +234,13 @@ func (m *Model) reroute(ctx context.Context, w *waiter, inst *instance) (*gatewa
 func (m *Model) end(w *waiter, o gateway.Outcome) {
 	w.endedAt, w.fault = m.now(), o.Fault
 	ended, _ := m.d.Tracker.End(w.endedAt, w.id, o.Outcome)
-	w.idle = ended.Idle
+	m.released(w, ended.Idle)
+}
+
+// released is the loop's part of w's end, at w.endedAt (its lease ended,
+// or moved to an overflow target); idle: it was the model's last lease.
+func (m *Model) released(w *waiter, idle bool) {
+	w.idle = idle
 	if w.idle && m.d.Idle != nil {
 		m.d.Idle()
 	}
@@ -264,6 +297,7 @@ func (m *Model) arrive(w *waiter) {
 		m.selfSleepArrival(m.now())
 	}
 	m.apply(m.machine.Arrive(m.now()), w)
+	m.releaseLate()
 	m.publish()
 }
 
@@ -295,7 +329,7 @@ func (m *Model) enqueue(w *waiter, forWake bool) {
 		return
 	}
 	if len(m.queue) >= limit {
-		w.tell(grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "queue_full",
+		w.tell(grant{err: &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: gateway.CodeQueueFull,
 			Message:    fmt.Sprintf("model %s: queue full (%d waiting, %d in flight)", m.name, len(m.queue), m.active),
 			RetryAfter: m.queueRetry(forWake)}})
 		return
@@ -380,6 +414,7 @@ func (m *Model) unreached(w *waiter, inst *instance) {
 		m.release(w, m.now())
 	}
 	w.woke = true
+	w.stay = true // handed back inside the proxy: it cannot move any more
 	m.queue = append([]*waiter{w}, m.queue...)
 	if inst == m.eng && !inst.gone.Load() && m.machine.Snapshot().State.Serving() {
 		m.log.Warn("engine refused a connection: handled as an exit")

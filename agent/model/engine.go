@@ -85,7 +85,7 @@ func (m *Model) noteWakeCause(w *waiter, attempt int) {
 func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	roomCtx, cancel := context.WithCancel(m.d.Ctx)
 	m.wakeStop, m.wakeOp = cancel, op
-	m.wokeAt = m.now()
+	m.wokeAt, m.roomBy = m.now(), time.Time{}
 	spec := m.spec
 	verify := m.eng.link.Verify()
 	stale := m.stale

@@ -91,7 +91,15 @@ type Deps struct {
 	// its progress (see Watch); nil: awake engines are not probed. It runs
 	// off the loop, within ctx.
 	Probe func(ctx context.Context, spec supervisor.Spec, cfg *config.Model) ProbeResult
-	Log   *slog.Logger
+	// Overflow hands a request the model cannot serve in time to the
+	// first of targets (remote models) that can take it, moving its lease
+	// id there (lease.Tracker.Move): the target's ticket, with Moved.Idle
+	// when the model's last lease moved; ErrNoOverflow when none could
+	// (nothing moved); any other error ended the request there. nil: no
+	// overflow. It runs on the request's goroutine and returns when ctx
+	// ends.
+	Overflow func(ctx context.Context, targets []string, id lease.ID) (*gateway.Ticket, lease.Moved, error)
+	Log      *slog.Logger
 	// Ctx is napd's lifetime: engine operations in flight end with it.
 	Ctx context.Context
 	// Usage accounts who used the box; nil: nobody does.
@@ -173,6 +181,7 @@ type Model struct {
 	slept     string             // the strategy the engine sleeps with ("" = awake or unknown)
 	freed     time.Time          // when the engine last gave its GPU memory back: a sleep, a stop, an exit
 	deeper    bool               // a move down the sleep ladder is in flight
+	roomBy    time.Time          // when the desk expects the room the wake waits for (RoomExpected); zero: unknown
 }
 
 // instance is one engine as requests reach it: the spec it was started
@@ -460,6 +469,7 @@ func (m *Model) Tick() {
 	m.do(func() {
 		m.apply(m.machine.Tick(m.now(), m.drainEvidence()), nil)
 		m.watchTick()
+		m.releaseLate()
 		m.publish()
 	})
 }
@@ -632,4 +642,12 @@ func (m *Model) removed() *gateway.Refusal {
 	return &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "model_removed",
 		Message:    "model " + m.name + " was removed from the configuration",
 		RetryAfter: max(m.Snapshot().Learned.Request, lifecycle.MinRetryAfter)}
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -66,10 +66,3 @@ func (m *Model) selfSleepArrival(now time.Time) {
 			now.Sub(later(m.lastUsed, m.machine.Snapshot().AwakeSince)).Round(time.Second), m.cfg.SelfSleep))
 	}
 }
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}

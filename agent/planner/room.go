@@ -106,6 +106,13 @@ type Turn struct {
 	// RetryAfter is the Retry-After of a RoomRefused 503: the waiter's
 	// typical wake plus the holders' typical request time.
 	RetryAfter time.Duration
+	// ReadyBy (RoomWait) is when the memory is expected to be free: the
+	// latest end among the holders, an idle or draining one's now, a busy
+	// one's its yield plus its typical request (a yielding one's a
+	// typical request from now). Zero when a holder's end cannot be told
+	// (it is loading, busy with work napd did not admit, or ahead in
+	// line).
+	ReadyBy time.Time
 }
 
 // Holder is a model holding memory a waiter needs, and why it holds it.
@@ -363,25 +370,32 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 		holders = append(holders, Holder{Model: c.Name, Label: HoldIdle, Bytes: c.shareOn(short)})
 	}
 	wc := w.class(r.in.Now, r.in.PriorityAge)
-	classes := false // a holder's class differs from the waiter's: messages name them
+	// A holder's class differs from the waiter's: messages name them.
+	classes := false
+	// Idle and draining holders free theirs now.
+	readyBy, known := r.in.Now, len(left) == 0
 	for _, c := range busy {
 		r.taken[c.Name] = true
 		h := Holder{Model: c.Name, Label: HoldBusy, Bytes: c.shareOn(short)}
 		y := r.yieldAt(c, m, w)
+		at := y.at
 		if hc := r.holderClass(c); wc.Set() && hc.Set() && hc != wc && c.State == lifecycle.Awake && c.Leases.Active > 0 {
 			h.Class, classes = r.in.Classes.Name(hc), true
 		}
 		switch {
 		case c.State == lifecycle.Waking:
-			h.Label = HoldWaking
+			h.Label, known = HoldWaking, false
 		case c.Leases.Active == 0:
 			// Work napd did not admit (the engine says busy): it cannot be
 			// told to yield; its memory comes back when it ends.
+			known = false
 		case y.never:
 			h.Note = "does not yield to " + r.in.Classes.Name(wc)
+			known = false
 		case !r.in.Now.Before(y.at):
 			h.Label = HoldYielding
 			r.decide(c, ReasonYield, r.yieldWhy(c, m, y, short))
+			at = r.in.Now
 		default:
 			if h.Class != "" {
 				h.Note = "yields in " + y.at.Sub(r.in.Now).Round(time.Second).String()
@@ -390,7 +404,13 @@ func (r *roomPlanner) turn(w Waiter, plan *RoomPlan) Turn {
 				plan.Recheck = y.at
 			}
 		}
+		if end := at.Add(c.Learned.Request); end.After(readyBy) {
+			readyBy = end
+		}
 		holders = append(holders, h)
+	}
+	if known {
+		t.ReadyBy = readyBy
 	}
 	if len(left) > 0 {
 		// The rest is promised to waiters ahead, or held by models still

@@ -52,7 +52,7 @@ func (d *Desk) place(ms *measure.Measurement, models []Model, name string) ([]in
 		if len(ms.GPUs.Devices) == 0 && ms.GPUFrom == measure.GPULive {
 			return nil, nil // a host without GPUs: nothing to choose
 		}
-		return nil, &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: "insufficient_gpu_memory",
+		return nil, &gateway.Refusal{Status: http.StatusServiceUnavailable, Code: gateway.CodeInsufficientGPUMemory,
 			Message: "cannot place " + p.Message}
 	}
 	d.d.Log.Info("gpus chosen", "model", name, "gpus", p.GPUs, "fits", p.Fits, "why", p.Message)

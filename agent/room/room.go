@@ -109,6 +109,11 @@ type Deps struct {
 	Clock func() time.Time
 	After func(time.Duration) <-chan time.Time
 	Log   *slog.Logger
+	// Expect, when set, is told after each round when the memory a
+	// waiting model's wake waits for is expected to be free (zero: it
+	// cannot be told): a request that would be served after its deadline
+	// may overflow (docs/remote.md). It must not block.
+	Expect func(model string, by time.Time)
 }
 
 // Desk is the make-room desk.
@@ -388,10 +393,13 @@ func (d *Desk) Round(ctx context.Context) time.Duration {
 			}
 			d.d.Log.Warn("wake refused: not enough GPU memory", "model", t.Model, "why", t.Message, "retry_after", t.RetryAfter)
 			d.answer(t.Model, w, &gateway.Refusal{Status: http.StatusServiceUnavailable,
-				Code: "insufficient_gpu_memory", Message: t.Message, RetryAfter: t.RetryAfter})
+				Code: gateway.CodeInsufficientGPUMemory, Message: t.Message, RetryAfter: t.RetryAfter})
 		default: // RoomWait, or RoomExpired: its requests leave on their own deadlines
 			if next == 0 {
 				next = Poll
+			}
+			if d.d.Expect != nil && t.Verdict == planner.RoomWait {
+				d.d.Expect(t.Model, t.ReadyBy)
 			}
 			d.mu.Lock()
 			w.holders = t.Holders

@@ -85,6 +85,13 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 		if m.WaitingFor != "" {
 			fmt.Fprintf(w, "%s: %d waiting for GPU memory held by %s\n", m.Name, m.RoomWaiting, m.WaitingFor)
 		}
+		if m.Remote != "" {
+			fmt.Fprintf(w, "%s: remote %s", m.Name, m.Remote)
+			if m.RemoteState != "" {
+				fmt.Fprintf(w, " · remote_state %s", m.RemoteState)
+			}
+			fmt.Fprintln(w)
+		}
 	}
 }
 

@@ -162,6 +162,20 @@ func ReadTrusted(path string, limit int64) ([]byte, error) {
 	return readRegular(path, limit, CheckTrusted)
 }
 
+// ReadPrivate is ReadRegular for a file holding a secret napd sends
+// elsewhere (a remote model's api_key_file): others than its owner and
+// group must have no access to it.
+func ReadPrivate(path string, limit int64) ([]byte, error) {
+	return readRegular(path, limit, checkPrivate)
+}
+
+func checkPrivate(path string, fi fs.FileInfo) error {
+	if fi.Mode().Perm()&0o007 != 0 {
+		return fmt.Errorf("%s: mode %s lets every user read it: make it 0600 or 0640 (group napd)", path, fi.Mode().Perm())
+	}
+	return nil
+}
+
 // CheckTrusted reports a file or directory (fi, from a stat of path) that
 // a user other than root and napd's own owns, or that group or others may
 // write: what is in it could then be planted.

@@ -145,3 +145,27 @@ func TestReadRegular_RefusesDevicesAndBigFiles(t *testing.T) {
 		}
 	}
 }
+
+// A secret's file may be read by its owner and group only.
+func TestReadPrivate_RefusesWhatEveryoneReads(t *testing.T) {
+	dir := t.TempDir()
+	for mode, ok := range map[os.FileMode]bool{0o600: true, 0o640: true, 0o644: false, 0o606: false} {
+		path := filepath.Join(dir, mode.String())
+		if err := os.WriteFile(path, []byte("sk-x\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		b, err := ReadPrivate(path, 100)
+		if ok && (err != nil || string(b) != "sk-x\n") {
+			t.Errorf("mode %s: %q, %v", mode, b, err)
+		}
+		if !ok && (err == nil || !strings.Contains(err.Error(), "lets every user read it") || strings.Contains(err.Error(), "sk-x")) {
+			t.Errorf("mode %s: %v, want a refusal that does not show the secret", mode, err)
+		}
+	}
+	if _, err := ReadPrivate("/dev/zero", 100); err == nil {
+		t.Error("a device was read")
+	}
+}

@@ -111,7 +111,7 @@ func TestDeb_Contents(t *testing.T) {
 		"etc/napd/napd.toml", "etc/napd/napd.d", "usr/share/doc/napd/migrating.md", "usr/lib/sysusers.d/napd.conf", "usr/lib/tmpfiles.d/napd.conf",
 		"usr/share/doc/napd/copyright", "usr/share/doc/napd/changelog.gz", "usr/share/doc/napd/README.md",
 		"usr/share/napd/grafana/napd.json",
-		"usr/share/doc/napd/fleet.md", "usr/share/doc/napd/examples/haproxy.cfg",
+		"usr/share/doc/napd/fleet.md", "usr/share/doc/napd/remote.md", "usr/share/doc/napd/examples/haproxy.cfg",
 		"usr/share/man/man8/napd.8.gz", "usr/share/man/man8/napctl.8.gz", "usr/share/man/man5/napd.toml.5.gz",
 	} {
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {

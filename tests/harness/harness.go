@@ -309,6 +309,21 @@ func (n *Napd) Post(ctx context.Context, path, body string, header ...string) (*
 	return resp, b, err
 }
 
+// MetricsText is napd's /metrics as it serves it.
+func (n *Napd) MetricsText() string {
+	n.t.Helper()
+	resp, err := http.Get("http://" + n.Metrics + "/metrics")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return string(b)
+}
+
 // Napctl runs napctl against this napd and returns its combined output.
 func (n *Napd) Napctl(args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(Bin(n.t), "napctl"), append([]string{"--socket", n.Socket, "--config", n.Config}, args...)...)
@@ -370,6 +385,23 @@ func (n *Napd) ModelStatus(name string) control.ModelStatus {
 	}
 	n.t.Fatalf("no model %q in status %+v", name, st)
 	return control.ModelStatus{}
+}
+
+// WaitModel waits until model's status row satisfies ok, and returns it;
+// the test fails after within.
+func (n *Napd) WaitModel(model string, within time.Duration, ok func(control.ModelStatus) bool) control.ModelStatus {
+	n.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		s := n.ModelStatus(model)
+		if ok(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("%s's status within %s: %+v\n%s", model, within, s, n.Log())
+		}
+		time.Sleep(50 * time.Millisecond) // status changes within a second
+	}
 }
 
 // Chat is a small chat-completion body for model.

@@ -6,7 +6,6 @@ package planner
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -70,13 +69,7 @@ func post(t *testing.T, n *harness.Napd, ctx context.Context, model string, maxT
 
 func metric(t *testing.T, n *harness.Napd, line string) bool {
 	t.Helper()
-	resp, err := http.Get("http://" + n.Metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return strings.Contains(string(b), line)
+	return strings.Contains(n.MetricsText(), line)
 }
 
 // A 20 GiB model does not fit next to an idle 10 GiB one on a 24 GiB GPU:
