@@ -267,6 +267,9 @@ func FuzzConvert(f *testing.F) {
 	}
 	f.Add([]byte("a: &x [*x]\nmodels:\n  m: {cmd: \"x ${PORT}\", <<: *x}\n"))
 	f.Add([]byte("models:\n  \"\\u0000\":\n    cmd: \"\\\"\"\n"))
+	// Found by the fuzzer: a proxy's host, percent-decoded, is no UTF-8.
+	f.Add([]byte("models:\n  m:\n    cmd: x\n    proxy: \"http://l%800:1\"\n"))
+	f.Add([]byte("models:\n  m:\n    cmd: x\n    proxy: \"http://l\\x01\\x7f:1\"\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		res, err := Convert(data, Options{File: "fuzz.yaml", KeysFile: "/k"})
 		if err != nil {

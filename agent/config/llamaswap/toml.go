@@ -13,7 +13,7 @@ type section struct{ lines []string }
 func (s *section) set(key string, v any, why string) {
 	line := config.FormatKey(key) + " = " + config.FormatTOML(v)
 	if why != "" {
-		line += "  # " + why
+		line += "  # " + strings.Join(strings.Fields(commentSafe(why)), " ")
 	}
 	s.lines = append(s.lines, line)
 }
@@ -21,7 +21,7 @@ func (s *section) set(key string, v any, why string) {
 // comment writes text as comment lines of at most 80 columns.
 func (s *section) comment(text string) {
 	line := "#"
-	for _, w := range strings.Fields(text) {
+	for _, w := range strings.Fields(commentSafe(text)) {
 		if len(line)+1+len(w) > 80 && line != "#" {
 			s.lines = append(s.lines, line)
 			line = "#  "
@@ -29,6 +29,18 @@ func (s *section) comment(text string) {
 		line += " " + w
 	}
 	s.lines = append(s.lines, line)
+}
+
+// commentSafe makes text fit a TOML comment, whatever a llama-swap
+// config held: valid UTF-8 and no control character but tab (each other
+// one, a line break included, becomes a space).
+func commentSafe(text string) string {
+	return strings.Map(func(r rune) rune {
+		if r != '\t' && (r < 0x20 || r == 0x7f) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(text, "\uFFFD"))
 }
 
 // write appends the section under header ("" for none) to b, after a
