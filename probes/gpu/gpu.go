@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os/exec"
 	"strconv"
+	"strings"
 
 	"github.com/napd/napd/gpuvendor"
 	"github.com/napd/napd/probes/drm"
@@ -72,6 +73,9 @@ type Snapshot struct {
 	Devices   []Device
 	Processes []Process
 }
+
+// MIG tells a MIG instance.
+func (d Device) MIG() bool { return strings.HasPrefix(d.UUID, "MIG-") }
 
 // Device returns the device with the given index.
 func (s Snapshot) Device(index int) (Device, bool) {

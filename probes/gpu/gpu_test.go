@@ -323,7 +323,7 @@ func (d *fakeDevice) Memory() (uint64, uint64, uint64, error) {
 	return d.total, d.used, d.free, d.fail
 }
 func (d *fakeDevice) ComputeProcesses() ([]NVMLProcess, error) { return d.procs, nil }
-func (d *fakeDevice) MIG() ([]NVMLDevice, error)                { return d.mig, nil }
+func (d *fakeDevice) MIG() ([]NVMLDevice, error)               { return d.mig, nil }
 
 func TestNVMLProbe_Snapshot(t *testing.T) {
 	lib := &fakeNVML{devices: []fakeDevice{
@@ -456,6 +456,9 @@ func TestNVMLProbe_MIGInstancesAreDevices(t *testing.T) {
 	}
 	if !reflect.DeepEqual(snap.Devices, want) {
 		t.Errorf("devices (GPU 0 gives way to its instances):\n got %+v\nwant %+v", snap.Devices, want)
+	}
+	if !snap.Devices[1].MIG() || snap.Devices[2].MIG() {
+		t.Error("MIG() does not tell the instance from the GPU")
 	}
 	// Per-process memory within each instance, attributed to its models.
 	usage := ModelUsage(map[string][]int{"big": {7100}, "small": {7200, 7201}, "whole": {7300}}, snap.Processes)
