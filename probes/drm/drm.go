@@ -2,15 +2,15 @@
 // Intel) through the kernel's DRM interfaces alone: each card under
 // /sys/class/drm (vendor, PCI address, render node, and the device memory
 // its driver publishes) and each process's memory from /proc/PID/fdinfo of
-// its open DRM file descriptors (the DRM client usage stats). No vendor
-// tool or library is needed.
+// its open DRM file descriptors (the DRM client usage stats), with KFD's
+// per-process count (/sys/class/kfd/kfd/proc) for ROCm's. No vendor tool
+// or library is needed.
 //
 // It only reads files, under roots a test points at a recorded tree. It
 // must not open a device: opening a render node creates a DRM client.
 package drm
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -50,7 +50,8 @@ type Card struct {
 }
 
 // Client is one process's memory on one card: the device memory of its DRM
-// clients there, each drm-client-id counted once.
+// clients there, each drm-client-id counted once, or, for ROCm's processes,
+// what KFD counts when that is more.
 type Client struct {
 	PID  int
 	PCI  string
@@ -111,7 +112,10 @@ func (p Probe) cards() ([]Card, error) {
 	if err != nil {
 		return nil, fmt.Errorf("drm: %w", err)
 	}
-	rocm := p.rocmOrder()
+	rocm := make(map[string]int)
+	for i, n := range p.kfdNodes() {
+		rocm[n.render] = i
+	}
 	var cards []Card
 	for _, e := range entries {
 		n, ok := strings.CutPrefix(e.Name(), "card")
@@ -232,38 +236,44 @@ func readBytes(dir, name string) (v int64, ok bool, err error) {
 	return v, true, nil
 }
 
-// rocmOrder maps render nodes to their position among the KFD topology's
-// GPU nodes (/sys/class/kfd/kfd/topology/nodes/<N>, CPU nodes have gpu_id
-// 0), the order ROCm enumerates its agents in. Empty without KFD.
-func (p Probe) rocmOrder() map[string]int {
+// kfdNode is one GPU node of the KFD topology
+// (/sys/class/kfd/kfd/topology/nodes/<N>; CPU nodes have gpu_id 0).
+type kfdNode struct {
+	gpuID  string // its gpu_id, which names it under /sys/class/kfd/kfd/proc
+	render string // its card's render node, "renderD128"
+}
+
+// kfdNodes lists the KFD topology's GPU nodes in node order, the order ROCm
+// enumerates its agents in. Empty without KFD.
+func (p Probe) kfdNodes() []kfdNode {
 	dir := filepath.Join(p.Sys, "class", "kfd", "kfd", "topology", "nodes")
 	entries, _ := os.ReadDir(dir)
-	var nodes []int
+	var nums []int
 	for _, e := range entries {
 		if n, err := strconv.Atoi(e.Name()); err == nil {
-			nodes = append(nodes, n)
+			nums = append(nums, n)
 		}
 	}
-	slices.Sort(nodes)
-	order := make(map[string]int)
-	for _, n := range nodes {
+	slices.Sort(nums)
+	var nodes []kfdNode
+	for _, n := range nums {
 		node := filepath.Join(dir, strconv.Itoa(n))
 		id, err := os.ReadFile(filepath.Join(node, "gpu_id"))
-		if err != nil || strings.TrimSpace(string(id)) == "0" {
+		gpuID := strings.TrimSpace(string(id))
+		if err != nil || gpuID == "0" {
 			continue
 		}
 		props, err := os.ReadFile(filepath.Join(node, "properties"))
 		if err != nil {
 			continue
 		}
-		sc := bufio.NewScanner(bytes.NewReader(props))
-		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), "drm_render_minor "); ok {
-				order["renderD"+strings.TrimSpace(v)] = len(order)
+		for line := range strings.Lines(string(props)) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "drm_render_minor "); ok {
+				nodes = append(nodes, kfdNode{gpuID: gpuID, render: "renderD" + strings.TrimSpace(v)})
 			}
 		}
 	}
-	return order
+	return nodes
 }
 
 // clients reads the DRM clients of every process: the fds that point at
@@ -318,10 +328,57 @@ func (p Probe) clients(ctx context.Context, cards []Card) ([]Client, error) {
 			per[c] = addBytes(per[c], used)
 		}
 	}
+	// ROCm's compute memory, as KFD counts it per process: where it is
+	// more than the process's DRM clients show (a kernel that keeps KFD's
+	// allocations out of fdinfo), it is the figure. The larger of the two
+	// never counts memory twice.
+	for c, used := range p.kfdUsage(cards) {
+		if _, found := per[c]; !found {
+			order = append(order, c)
+		}
+		per[c] = max(per[c], used)
+	}
+	slices.SortFunc(order, func(a, b Client) int { return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.PCI, b.PCI)) })
 	for i := range order {
 		order[i].Used = per[order[i]]
 	}
 	return order, nil
+}
+
+// kfdUsage reads /sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id> (bytes), per
+// process and card: the VRAM ROCm's processes allocated through /dev/kfd.
+func (p Probe) kfdUsage(cards []Card) map[Client]int64 {
+	byRender := make(map[string]string, len(cards))
+	for _, c := range cards {
+		byRender[c.Render] = c.PCI
+	}
+	pci := make(map[string]string) // gpu_id -> PCI address
+	for _, n := range p.kfdNodes() {
+		if a, ok := byRender[n.render]; ok {
+			pci[n.gpuID] = a
+		}
+	}
+	dir := filepath.Join(p.Sys, "class", "kfd", "kfd", "proc")
+	procs, _ := os.ReadDir(dir)
+	out := make(map[Client]int64)
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, e.Name(), "vram_*"))
+		for _, f := range files {
+			a, ok := pci[strings.TrimPrefix(filepath.Base(f), "vram_")]
+			if !ok {
+				continue
+			}
+			// KFD lists every GPU for each of its processes: 0 is none.
+			if v, ok, err := readBytes(filepath.Dir(f), filepath.Base(f)); err == nil && ok && v > 0 {
+				out[Client{PID: pid, PCI: a}] += v
+			}
+		}
+	}
+	return out
 }
 
 // drmFds parses the fdinfo of a process's fds open on /dev/dri, skipping

@@ -43,11 +43,14 @@ func TestRead_MI300X(t *testing.T) {
 		t.Errorf("cards (the BMC's ast display left out):\n got %+v\nwant %+v", r.Cards, want)
 	}
 	// vLLM's client counts once though it holds it through two fds and
-	// its worker inherited a third; the tool with no VRAM holds 0.
+	// its worker inherited a third; the tool with no VRAM holds 0. KFD's
+	// count of the same memory adds nothing; a ROCm process seen by KFD
+	// only (4300, no DRM fd napd can read) is counted from it.
 	wantClients := []Client{
 		{PID: 900, PCI: "0000:11:00.0", Used: 0},
 		{PID: 4100, PCI: "0000:11:00.0", Used: 176160768 * kib},
 		{PID: 4200, PCI: "0000:2f:00.0", Used: 41943040 * kib},
+		{PID: 4300, PCI: "0000:11:00.0", Used: 2 * gib},
 	}
 	if !reflect.DeepEqual(r.Clients, wantClients) {
 		t.Errorf("clients:\n got %+v\nwant %+v", r.Clients, wantClients)
@@ -189,4 +192,16 @@ func FuzzParseFdinfo(f *testing.F) {
 			t.Fatalf("device memory %d", v)
 		}
 	})
+}
+
+// BenchmarkClients_ThisHost reads every process's fds on this host as a
+// round on a GPU box does (the cards' list does not change what is read).
+func BenchmarkClients_ThisHost(b *testing.B) {
+	p := Probe{Sys: "/sys", Proc: "/proc"}
+	cards := []Card{{PCI: "0000:11:00.0"}}
+	for b.Loop() {
+		if _, err := p.clients(context.Background(), cards); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
