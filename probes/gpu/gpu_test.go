@@ -525,3 +525,18 @@ func TestCombined_DRMFailureFailsSnapshot(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+func TestCombined_IntelArc(t *testing.T) {
+	snap, err := Combined{NVIDIA: None{}, DRM: drm.Probe{Sys: "../testdata/drm/intel-arc/sys", Proc: "../testdata/drm/intel-arc/proc"}}.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Device{{Index: 0, Vendor: gpuvendor.Intel, Name: "Intel 8086:e20b", PCI: "0000:03:00.0", Visible: "0", Node: "/dev/dri/renderD129",
+		Total: 12 << 30, Used: 6 << 30, Free: 6 << 30, HaveMemory: true}}
+	if !reflect.DeepEqual(snap.Devices, want) {
+		t.Errorf("devices:\n got %+v\nwant %+v", snap.Devices, want)
+	}
+	if len(snap.Processes) != 1 || snap.Processes[0] != (Process{PID: 3300, GPUIndex: 0, Used: 6 << 30, HaveUsed: true}) {
+		t.Errorf("processes = %+v", snap.Processes)
+	}
+}
