@@ -110,7 +110,7 @@ func (p Probe) cards() ([]Card, error) {
 		return nil, nil // no DRM at all
 	}
 	if err != nil {
-		return nil, fmt.Errorf("drm: %w", err)
+		return nil, err
 	}
 	rocm := make(map[string]int)
 	for i, n := range p.kfdNodes() {
@@ -227,11 +227,11 @@ func readBytes(dir, name string) (v int64, ok bool, err error) {
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("drm: %w", err)
+		return 0, false, err
 	}
 	v, err = strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
 	if err != nil || v < 0 {
-		return 0, false, fmt.Errorf("drm: %s: %q is not a byte count", path, bytes.TrimSpace(b))
+		return 0, false, fmt.Errorf("%s: %q is not a byte count", path, bytes.TrimSpace(b))
 	}
 	return v, true, nil
 }
@@ -286,7 +286,7 @@ func (p Probe) clients(ctx context.Context, cards []Card) ([]Client, error) {
 	}
 	entries, err := os.ReadDir(p.Proc)
 	if err != nil {
-		return nil, fmt.Errorf("drm: %w", err)
+		return nil, err
 	}
 	var pids []int
 	for _, e := range entries {
