@@ -44,7 +44,8 @@ func (a *Agent) Status() control.Status {
 			}
 		}
 		for _, d := range ms.GPUs.Devices {
-			st.GPUs = append(st.GPUs, control.GPUMemory{Index: d.Index, Name: d.Name, TotalBytes: d.Total, UsedBytes: d.Used, FreeBytes: d.Free})
+			st.GPUs = append(st.GPUs, control.GPUMemory{Index: d.Index, Vendor: d.Vendor, UUID: d.UUID, PCI: d.PCI, Name: d.Name,
+				TotalBytes: d.Total, UsedBytes: d.Used, FreeBytes: d.Free})
 		}
 	}
 	for _, m := range a.reg.Load().list {
@@ -187,7 +188,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		}
 		for _, d := range ms.GPUs.Devices {
 			if d.HaveMemory {
-				snap.GPUs = append(snap.GPUs, metrics.GPU{Index: strconv.Itoa(d.Index), Total: d.Total, Used: d.Used})
+				snap.GPUs = append(snap.GPUs, metrics.GPU{Index: strconv.Itoa(d.Index), Vendor: d.Vendor, Total: d.Total, Used: d.Used})
 			}
 		}
 	}

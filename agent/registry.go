@@ -138,6 +138,7 @@ func (a *Agent) modelDeps() model.Deps {
 		StatusChanged: a.statusChanged,
 		Clock:         a.clock,
 		MakeRoom:      a.desk.MakeRoom,
+		GPUDevices:    a.prober.GPUDevices,
 		WaitingFor:    a.desk.WaitingFor,
 		Idle:          a.desk.ModelIdle,
 		Probe:         a.prober.ProbeEngine,

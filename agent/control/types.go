@@ -136,7 +136,12 @@ type HostMemory struct {
 
 // GPUMemory is one GPU's memory figures.
 type GPUMemory struct {
-	Index      int    `json:"index"`
+	Index int `json:"index"`
+	// Vendor is "nvidia", "amd" or "intel"; UUID NVIDIA's GPU-… or MIG-…
+	// (a MIG instance is a GPU of its own); PCI a DRM card's address.
+	Vendor     string `json:"vendor,omitempty"`
+	UUID       string `json:"uuid,omitempty"`
+	PCI        string `json:"pci,omitempty"`
 	Name       string `json:"name,omitempty"`
 	TotalBytes int64  `json:"total_bytes"`
 	UsedBytes  int64  `json:"used_bytes"`

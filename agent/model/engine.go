@@ -115,7 +115,10 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 			m.do(func() { m.machine.RoomFound(m.now(), op); m.noteState(); m.publish() })
 		}
 		if gpus != nil {
-			spec.GPUs = gpus // chosen for this wake: CUDA_VISIBLE_DEVICES
+			spec.GPUs = gpus // chosen for this wake
+		}
+		if m.d.GPUDevices != nil && len(spec.GPUs) > 0 {
+			spec.Devices = m.d.GPUDevices(spec.GPUs) // CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, …
 		}
 		spec.Command, spec.Environment = config.ExpandGPUs(spec.Command, spec.Environment, spec.GPUs)
 		if c := spec.Container; c != nil {

@@ -81,6 +81,10 @@ type Deps struct {
 	// waiting is told what for (the holders), on changes only. It runs on
 	// the wake's goroutine, never on the loop, and returns when ctx ends.
 	MakeRoom func(ctx context.Context, model string, waiting func(holders string)) ([]int, error)
+	// GPUDevices are napd's GPU indexes as the vendors' runtimes know
+	// them, from the last GPU reading (nil when it lacks one of them: the
+	// indexes are then taken for NVIDIA's). nil: never resolved.
+	GPUDevices func(gpus []int) []supervisor.GPU
 	// WaitingFor names the holders of the GPU memory the model's wake
 	// waits for, "" when it does not wait (for a 504's message).
 	WaitingFor func(model string) string

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/gpuvendor"
 )
 
 // Refresh is how often the page reloads itself.
@@ -83,11 +84,14 @@ type quotaView struct {
 }
 
 type gpuView struct {
-	Label    string
-	Used     string
-	Total    string
-	Percent  int
-	Segments []segment // by model, then other processes
+	Label  string
+	Vendor string // "amd", for the page's data attribute
+	// VendorName is shown beside the label: "AMD".
+	VendorName string
+	Used       string
+	Total      string
+	Percent    int
+	Segments   []segment // by model, then other processes
 }
 
 type segment struct {
@@ -163,6 +167,9 @@ func view(st control.Status, now time.Time) pageView {
 func gpuOf(g control.GPUMemory, models []control.ModelStatus) gpuView {
 	idx := strconv.Itoa(g.Index)
 	gv := gpuView{Label: "GPU " + idx, Used: humanBytes(g.UsedBytes), Total: humanBytes(g.TotalBytes)}
+	if g.Vendor != "" {
+		gv.Vendor, gv.VendorName = g.Vendor, gpuvendor.Name(g.Vendor)
+	}
 	if g.Name != "" {
 		gv.Label += " · " + g.Name
 	}

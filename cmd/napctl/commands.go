@@ -39,6 +39,15 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	return nil
 }
 
+// vendorOf is a GPU's vendor for the status line, "[amd] " ("" from a napd
+// that does not say).
+func vendorOf(g control.GPUMemory) string {
+	if g.Vendor == "" {
+		return ""
+	}
+	return "[" + g.Vendor + "] "
+}
+
 // printStatus writes the table a person reads at a glance.
 func printStatus(w io.Writer, st control.Status, now time.Time) {
 	fmt.Fprintf(w, "napd %s · supervisor %s · %d models", st.Version, st.Supervisor, len(st.Models))
@@ -50,7 +59,7 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 	}
 	fmt.Fprintln(w)
 	for _, g := range st.GPUs {
-		fmt.Fprintf(w, "gpu %d %s: %s free of %s\n", g.Index, g.Name, bytesStr(g.FreeBytes), bytesStr(g.TotalBytes))
+		fmt.Fprintf(w, "gpu %d %s%s: %s free of %s\n", g.Index, vendorOf(g), g.Name, bytesStr(g.FreeBytes), bytesStr(g.TotalBytes))
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
