@@ -314,7 +314,7 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
 		s := m.Snapshot()
-		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: g.agent().desk.Measured().Reason(m.Name(), s.Lifecycle),
+		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, Unlisted: !s.Config.Listed, State: s.Lifecycle.State.String(), Reason: g.agent().desk.Measured().Reason(m.Name(), s.Lifecycle),
 			Serving: s.Lifecycle.State.Serving()}
 		if holders := g.agent().desk.WaitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders

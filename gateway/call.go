@@ -664,7 +664,7 @@ func (c *call) listModels(r *http.Request) {
 // Options.ListAliases is set.
 func (c *call) listed(infos []ModelInfo, add func(m ModelInfo, alias string)) {
 	for _, m := range infos {
-		if !c.scope.mayList(m) {
+		if m.Unlisted || !c.scope.mayList(m) {
 			continue
 		}
 		if !c.g.opts.ListAliases || c.scope.MayUse(m.Name, m.Name) {

@@ -83,8 +83,11 @@ type Outcome struct {
 type ModelInfo struct {
 	Name    string
 	Aliases []string
-	State   string // lifecycle state, e.g. "awake", "sleeping"
-	Reason  string // why it is in that state, when there is something to say
+	// Unlisted models are left out of the model lists (listed = false)
+	// and still served by name.
+	Unlisted bool
+	State    string // lifecycle state, e.g. "awake", "sleeping"
+	Reason   string // why it is in that state, when there is something to say
 	// Serving: requests are forwarded at once, without a wake (awake, or
 	// unsupported). GET /health/models/NAME answers 200 only then.
 	Serving bool

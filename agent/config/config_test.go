@@ -349,7 +349,7 @@ port = 8102
 		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: lifecycle.ArrivalRefuse,
 		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
-		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,
+		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true, Listed: true,
 		DeepSleep: sleepmode.Stop, DeepSleepAfter: 30 * time.Minute,
 		Priority: 3, EnginePriority: true, PriorityAge: time.Minute,
 		APIKeyHeader: DefaultAPIKeyHeader, OverflowWhen: OverflowLate,
@@ -564,5 +564,15 @@ func TestParse_FairShare(t *testing.T) {
 	}
 	if _, err := Parse("napd.toml", []byte("[policy]\nfair_share = true\n")); err == nil || !strings.Contains(err.Error(), "policy.fair_share") {
 		t.Errorf("fair_share = true: %v", err)
+	}
+}
+
+// listed = false hides a model from the gateway's lists, on a local model
+// and a remote one alike; every model is listed by default.
+func TestParse_Listed(t *testing.T) {
+	cfg := mustParse(t, "[models.a]\n"+minimal+"[models.b]\n"+minimal+"listed = false\n"+
+		"[models.c]\nurl = \"https://api.example/v1\"\nlisted = false\n")
+	if !cfg.Models[0].Listed || cfg.Models[1].Listed || cfg.Models[2].Listed {
+		t.Errorf("listed: a %v, b %v, c %v; want true, false, false", cfg.Models[0].Listed, cfg.Models[1].Listed, cfg.Models[2].Listed)
 	}
 }

@@ -605,6 +605,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"evidence":          setEnum(&m.Evidence, EvidenceAuto, EvidenceConnections, EvidenceMetrics, EvidenceLeases),
 		"activity_metrics":  setStrings(&m.ActivityMetrics, metricName),
 		"wake_progress":     setBool(&m.WakeProgress),
+		"listed":            setBool(&m.Listed),
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
 		"priority":          setClass(&m.Priority, &pol.Priorities),
@@ -628,6 +629,7 @@ func newModel(name string) *Model {
 		Evidence:       EvidenceAuto,
 		APIKeyHeader:   DefaultAPIKeyHeader,
 		OverflowWhen:   OverflowLate,
+		Listed:         true,
 	}
 }
 

@@ -236,6 +236,11 @@ type Model struct {
 	// gets its 200 headers early and SSE comments until the first token.
 	WakeProgress bool
 
+	// Listed: shown in the gateway's model lists (/v1/models, the router
+	// API's /models); false hides it there, and it is still served by
+	// name (llama-swap's unlisted).
+	Listed bool
+
 	// WarmOnStart: woken at napd's start, after reconciliation, when it
 	// fits. KeepAwake: windows in which it is not put to sleep for
 	// idleness, and is woken at their start when it fits.
