@@ -549,6 +549,7 @@ func policySchema(p *Policy) map[string]setter {
 		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, lifecycle.ArrivalCancelDrain, lifecycle.ArrivalRefuse),
 		"wake_attempts":          setInt(&p.WakeAttempts, 1, 100),
 		"wake_timeout":           setDuration(&p.WakeTimeout, false),
+		"wake_stall_timeout":     setDuration(&p.WakeStallTimeout, true),
 		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),
 		"health_interval":        setDuration(&p.HealthInterval, true),
 		"health_failures":        setInt(&p.HealthFailures, 1, 100),
@@ -638,6 +639,7 @@ func (m *Model) setPolicy(p Policy) {
 	m.ArrivalWhileDraining = p.ArrivalWhileDraining
 	m.WakeAttempts = p.WakeAttempts
 	m.WakeTimeout = p.WakeTimeout
+	m.WakeStallTimeout = p.WakeStallTimeout
 	m.AllowUntrackedUnload = p.AllowUntrackedUnload
 	m.HealthInterval = p.HealthInterval
 	m.HealthFailures = p.HealthFailures

@@ -125,6 +125,9 @@ type Policy struct {
 	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
+	// WakeStallTimeout fails a wake attempt whose load showed no progress
+	// that long (docs/lifecycle.md#load-progress); 0: off.
+	WakeStallTimeout     time.Duration
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration // 0 = awake engines are not probed
 	HealthFailures       int
@@ -212,6 +215,7 @@ type Model struct {
 	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
+	WakeStallTimeout     time.Duration
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration
 	HealthFailures       int
