@@ -87,12 +87,13 @@ func (a *Agent) Status() control.Status {
 // Wake implements control.Controller: an operator wake is an arrival with
 // no request behind it, holding a lease while it waits so the planner
 // leaves the model alone.
-func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) error {
+func (a *Agent) Wake(ctx context.Context, name string, progress func(control.Progress)) error {
 	m, err := a.model(name)
 	if err != nil {
 		return err
 	}
-	progress(m.Snapshot().Lifecycle.State.String())
+	phase := m.Snapshot().Lifecycle.State.String()
+	progress(control.Progress{Phase: phase})
 	events, cancel := a.hub.Subscribe()
 	defer cancel()
 	done := make(chan error, 1)
@@ -106,8 +107,13 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 			}
 			return err
 		case e := <-events:
-			if e.Model == m.Name() && e.Kind == control.EventState {
-				progress(e.To)
+			switch {
+			case e.Model != m.Name():
+			case e.Kind == control.EventState:
+				phase = e.To
+				progress(control.Progress{Phase: phase})
+			case e.Kind == control.EventLoad:
+				progress(control.Progress{Phase: phase, Load: e.Load})
 			}
 		}
 	}

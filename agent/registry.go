@@ -13,6 +13,7 @@ import (
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/measure"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/remote"
 	"github.com/napd/napd/agent/room"
@@ -145,6 +146,7 @@ func (a *Agent) modelDeps() model.Deps {
 		Log:           a.log,
 		Ctx:           a.ctx,
 		Usage:         a.usage,
+		Load:          measure.LoadMeter{Supervisor: a.sup},
 	}
 }
 

@@ -86,6 +86,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	roomCtx, cancel := context.WithCancel(m.d.Ctx)
 	m.wakeStop, m.wakeOp = cancel, op
 	m.wokeAt, m.roomBy = m.now(), time.Time{}
+	m.load = nil
 	spec := m.spec
 	verify := m.eng.link.Verify()
 	stale := m.stale
@@ -139,6 +140,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 				}
 			})
 		}
+		m.startLoad(ctx, op, spec)
 		err = m.d.Supervisor.WakeVerified(ctx, spec, verify)
 		if err != nil {
 			m.d.Metrics.Wakes.WithLabelValues(m.name, wakeResult(err)).Inc()
@@ -153,7 +155,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 		m.opMu.Unlock()
 		m.do(func() {
 			if op == m.wakeOp {
-				m.wakeStop = nil
+				m.wakeStop, m.load = nil, nil
 			}
 			if err == nil {
 				m.replaceEngine(newInstance(spec, m.eng.link))
