@@ -58,6 +58,9 @@ func (a *Agent) Status() control.Status {
 			Unit:     a.sup.UnitName(s.Spec), GPUs: a.desk.GPUs(s), Placement: a.desk.PlacedWhy(m.Name()),
 			SleptWith: s.Slept,
 		}
+		if s.Load != nil {
+			row.Load = s.Load.Wire()
+		}
 		fp := a.desk.Footprint(s)
 		row.Footprint, row.FootprintSource, row.FootprintFrom = fp.Bytes, fp.Source, fp.From
 		if holders := a.desk.WaitingFor(m.Name()); holders != "" {

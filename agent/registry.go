@@ -330,19 +330,23 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 }
 
 // Progress implements gateway.Progress for models with wake_progress:
-// what a request waits for, for the comments of an early-committed stream.
-func (g *gatewayModels) Progress(model string) (string, bool) {
+// what a request waits for, for the comments of an early-committed stream;
+// the load's progress once it is measured.
+func (g *gatewayModels) Progress(model string) (gateway.ProgressNote, bool) {
 	m, ok := g.agent().reg.Load().byName[model]
 	if !ok || !m.Snapshot().Config.WakeProgress {
-		return "", false
+		return gateway.ProgressNote{}, false
 	}
 	if holders := g.agent().desk.WaitingFor(model); holders != "" {
-		return model + " waits for GPU memory held by " + holders, true
+		return gateway.ProgressNote{Label: model + " waits for GPU memory held by " + holders}, true
 	}
-	if m.Snapshot().Lifecycle.State == lifecycle.Waking {
-		return "waking " + model, true
+	switch s := m.Snapshot(); {
+	case s.Load != nil:
+		return gateway.ProgressNote{Label: s.Load.Text(model), Measured: true}, true
+	case s.Lifecycle.State == lifecycle.Waking:
+		return gateway.ProgressNote{Label: "waking " + model}, true
 	}
-	return "queued for " + model, true
+	return gateway.ProgressNote{Label: "queued for " + model}, true
 }
 
 // Admit implements gateway.Models.

@@ -23,6 +23,7 @@ package control
 
 import (
 	"context"
+	"github.com/napd/napd/agent/loadprogress"
 	"time"
 )
 
@@ -160,19 +161,8 @@ type Event struct {
 }
 
 // LoadProgress is how far a waking engine's load got
-// (docs/lifecycle.md#load-progress): the bytes its processes read since
-// the wake started, over the size of the model's weight files when napd
-// knows it, and the time the wake should still take when napd can say.
-type LoadProgress struct {
-	ReadBytes   int64 `json:"read_bytes"`
-	WeightBytes int64 `json:"weight_bytes,omitempty"`
-	// Progress is ReadBytes over WeightBytes, from 0 to 1; absent when
-	// the weights' size is unknown.
-	Progress *float64 `json:"progress,omitempty"`
-	// LeftMs is the time the wake should still take; absent when neither
-	// progress nor a learned wake time says.
-	LeftMs *int64 `json:"left_ms,omitempty"`
-}
+// (docs/lifecycle.md#load-progress).
+type LoadProgress = loadprogress.Wire
 
 // FootprintSource is where a model's expected GPU footprint comes from.
 type FootprintSource string

@@ -149,3 +149,45 @@ func (s Status) Text(model string) string {
 }
 
 func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+// Wire is a Status as napd's APIs show it: events, napctl status and
+// wake, the napd object of /v1/models. It says the bytes the engine's
+// processes read since the wake started, over the size of the model's
+// weight files when napd knows it, and the time the wake should still
+// take when napd can say.
+type Wire struct {
+	ReadBytes   int64 `json:"read_bytes"`
+	WeightBytes int64 `json:"weight_bytes,omitempty"`
+	// Progress is ReadBytes over WeightBytes, from 0 to 1; absent when
+	// the weights' size is unknown.
+	Progress *float64 `json:"progress,omitempty"`
+	// LeftMs is the time the wake should still take; absent when neither
+	// progress nor a learned wake time says.
+	LeftMs *int64 `json:"left_ms,omitempty"`
+}
+
+// Wire is s on the wire.
+func (s Status) Wire() *Wire {
+	w := &Wire{ReadBytes: s.Read, WeightBytes: s.Weights}
+	if s.HaveFraction {
+		w.Progress = &s.Fraction
+	}
+	if s.HaveLeft {
+		ms := s.Left.Milliseconds()
+		w.LeftMs = &ms
+	}
+	return w
+}
+
+// Status is w as a Status again (without Elapsed), for those that show
+// it: the status page, napctl.
+func (w Wire) Status() Status {
+	s := Status{Read: w.ReadBytes, Weights: w.WeightBytes}
+	if w.Progress != nil {
+		s.Fraction, s.HaveFraction = *w.Progress, true
+	}
+	if w.LeftMs != nil {
+		s.Left, s.HaveLeft = time.Duration(*w.LeftMs)*time.Millisecond, true
+	}
+	return s
+}

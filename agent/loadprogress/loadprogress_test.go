@@ -107,3 +107,19 @@ func TestStatus_Text(t *testing.T) {
 		}
 	}
 }
+
+func TestWire_RoundTrip(t *testing.T) {
+	for _, s := range []Status{
+		{Read: 5},
+		{Read: 1 << 30, Weights: 4 << 30, Fraction: 0.25, HaveFraction: true},
+		{Read: 1 << 30, Left: 1500 * time.Millisecond, HaveLeft: true},
+	} {
+		w := s.Wire()
+		if (w.Progress != nil) != s.HaveFraction || (w.LeftMs != nil) != s.HaveLeft {
+			t.Errorf("Wire(%+v) = %+v: optional fields wrong", s, w)
+		}
+		if got := w.Status(); got != s {
+			t.Errorf("Wire(%+v).Status() = %+v", s, got)
+		}
+	}
+}

@@ -74,7 +74,7 @@ func (m *Model) loadRead(load *loadprogress.Load, at time.Time, counts loadprogr
 		m.loadStalled(load.Quiet(at))
 		return
 	}
-	m.emit(control.Event{Kind: control.EventLoad, Load: LoadOf(load.Status())})
+	m.emit(control.Event{Kind: control.EventLoad, Load: load.Status().Wire()})
 	m.publish()
 }
 
@@ -101,17 +101,4 @@ func (m *Model) loadStatus() *loadprogress.Status {
 	}
 	s := m.load.Status()
 	return &s
-}
-
-// LoadOf is a load's progress on the wire (events, status, napctl wake).
-func LoadOf(s loadprogress.Status) *control.LoadProgress {
-	p := &control.LoadProgress{ReadBytes: s.Read, WeightBytes: s.Weights}
-	if s.HaveFraction {
-		p.Progress = &s.Fraction
-	}
-	if s.HaveLeft {
-		ms := s.Left.Milliseconds()
-		p.LeftMs = &ms
-	}
-	return p
 }
