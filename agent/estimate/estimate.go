@@ -22,28 +22,12 @@ type Estimate struct {
 	From  string // for status and logs, e.g. "4.1 GiB of .gguf × 1.2 + 1.0 GiB"
 }
 
-// FromFiles sums the model files argv names (see WeightBytes) into a
-// footprint guess. It returns 0 when there are none.
+// FromFiles sums the model files argv names: files ending in .gguf, and
+// directories holding .safetensors files (not descending further). An
+// argument may be a path or --flag=path. It returns 0 when there are none.
 func FromFiles(argv []string) Estimate {
-	total, kinds := weights(argv)
-	if total == 0 {
-		return Estimate{}
-	}
-	return Estimate{Bytes: total*6/5 + Overhead,
-		From: fmt.Sprintf("%s of %s × 1.2 + %s engine overhead", gib(total), strings.Join(kinds, " and "), gib(Overhead))}
-}
-
-// WeightBytes is the size of the model files argv names: files ending in
-// .gguf, and directories holding .safetensors files (not descending
-// further). An argument may be a path or --flag=path. 0 when there are
-// none: what a waking engine reads is measured against it.
-func WeightBytes(argv []string) int64 {
-	total, _ := weights(argv)
-	return total
-}
-
-// weights is WeightBytes with the kinds of file found.
-func weights(argv []string) (total int64, kinds []string) {
+	var total int64
+	var kinds []string
 	seen := map[string]bool{}
 	for _, arg := range argv {
 		if _, v, ok := strings.Cut(arg, "="); ok && strings.HasPrefix(arg, "-") {
@@ -67,7 +51,11 @@ func weights(argv []string) (total int64, kinds []string) {
 			}
 		}
 	}
-	return total, kinds
+	if total == 0 {
+		return Estimate{}
+	}
+	return Estimate{Bytes: total*6/5 + Overhead,
+		From: fmt.Sprintf("%s of %s × 1.2 + %s engine overhead", gib(total), strings.Join(kinds, " and "), gib(Overhead))}
 }
 
 func safetensors(dir string) int64 {

@@ -52,10 +52,6 @@ func TestFromFiles(t *testing.T) {
 			if e.Bytes != tt.want || !strings.Contains(e.From, tt.from) {
 				t.Errorf("FromFiles = %d %q, want %d %q", e.Bytes, e.From, tt.want, tt.from)
 			}
-			// The weights themselves, without the guess's margin.
-			if w, want := WeightBytes(tt.argv), max(tt.want-Overhead, 0)*5/6; w != want {
-				t.Errorf("WeightBytes = %d, want %d", w, want)
-			}
 		})
 	}
 }
