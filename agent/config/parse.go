@@ -88,6 +88,7 @@ func Default() *Config {
 			Priorities:           priority.DefaultClasses,
 			PriorityAge:          time.Minute,
 			PriorityYieldAfter:   map[string]time.Duration{},
+			WarmWeights:          WarmWeightsAuto,
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -568,6 +569,7 @@ func policyTableSchema(p *Policy) map[string]setter {
 	schema["priorities"] = setClasses(&p.Priorities)
 	schema["priority_age"] = setDuration(&p.PriorityAge, false)
 	schema["priority_yield_after"] = setDurations(&p.PriorityYieldAfter)
+	schema["warm_weights"] = setWarmWeights(&p.WarmWeights)
 	return schema
 }
 
@@ -608,6 +610,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"wake_progress":     setBool(&m.WakeProgress),
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
+		"weights":           setStrings(&m.Weights, nil),
 		"priority":          setClass(&m.Priority, &pol.Priorities),
 		"engine_priority":   setBool(&m.EnginePriority),
 	})
@@ -767,6 +770,7 @@ func (d *decoder) checkModel(m *Model, t *table) {
 		d.addAt(t.at("activity_metrics"), fmt.Sprintf(`only used with evidence = "auto" or "metrics", not %q`, m.Evidence))
 	}
 	d.checkSelfSleep(m, t)
+	d.checkWeights(m, t)
 }
 
 // addrPort is the port of a HOST:PORT address, 0 when it has none.
