@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/estimate"
 	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/probes/procio"
@@ -21,8 +22,15 @@ type LoadMeter struct {
 	Proc procio.Reader
 }
 
-// Weights implements model.LoadMeter.
-func (l LoadMeter) Weights(spec supervisor.Spec) int64 { return estimate.WeightBytes(spec.Command) }
+// Weights implements model.LoadMeter: the model's weight files as
+// estimate finds them (those its command names, and its weights key).
+func (l LoadMeter) Weights(cfg *config.Model, spec supervisor.Spec) int64 {
+	var total int64
+	for _, f := range estimate.WeightFiles(spec.Command, cfg.Weights) {
+		total += f.Size
+	}
+	return total
+}
 
 // Read implements model.LoadMeter. An engine with no process (not started
 // yet) has read nothing.

@@ -92,6 +92,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	stale := m.stale
 	m.stale, m.clearing = false, stale
 	cause := m.wakeCause
+	cfg := m.cfg
 	m.log.Info("waking", "attempt", attempt, "of", m.cfg.WakeAttempts)
 	go func() {
 		defer cancel()
@@ -140,7 +141,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 				}
 			})
 		}
-		m.startLoad(ctx, op, spec)
+		m.startLoad(ctx, op, cfg, spec)
 		err = m.d.Supervisor.WakeVerified(ctx, spec, verify)
 		if err != nil {
 			m.d.Metrics.Wakes.WithLabelValues(m.name, wakeResult(err)).Inc()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/napd/napd/agent/config"
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/loadprogress"
@@ -17,7 +18,7 @@ import (
 type LoadMeter interface {
 	// Weights is the size of the model's weight files in bytes, 0 when
 	// napd does not know them.
-	Weights(spec supervisor.Spec) int64
+	Weights(cfg *config.Model, spec supervisor.Spec) int64
 	// Read is what each of the engine's processes has read so far; an
 	// error when they cannot be read.
 	Read(ctx context.Context, spec supervisor.Spec) (loadprogress.Counts, error)
@@ -29,11 +30,11 @@ const loadReadTimeout = time.Second
 // startLoad measures the load of wake op from now: the engine's
 // processes' counts before it starts are the baseline. It runs on the
 // wake's goroutine, before the supervisor starts the engine.
-func (m *Model) startLoad(ctx context.Context, op lifecycle.Op, spec supervisor.Spec) {
+func (m *Model) startLoad(ctx context.Context, op lifecycle.Op, cfg *config.Model, spec supervisor.Spec) {
 	if m.d.Load == nil {
 		return
 	}
-	weights := m.d.Load.Weights(spec)
+	weights := m.d.Load.Weights(cfg, spec)
 	rctx, cancel := context.WithTimeout(ctx, loadReadTimeout)
 	base, _ := m.d.Load.Read(rctx, spec) // an engine not running has read nothing
 	cancel()

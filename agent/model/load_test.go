@@ -24,7 +24,7 @@ type fakeMeter struct {
 	weights int64
 }
 
-func (f *fakeMeter) Weights(supervisor.Spec) int64 { return f.weights }
+func (f *fakeMeter) Weights(*config.Model, supervisor.Spec) int64 { return f.weights }
 
 func (f *fakeMeter) Read(context.Context, supervisor.Spec) (loadprogress.Counts, error) {
 	f.mu.Lock()
