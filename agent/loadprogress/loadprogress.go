@@ -136,9 +136,11 @@ func (s Status) Text(model string) string {
 	var t string
 	switch {
 	case s.HaveFraction:
-		t = fmt.Sprintf("%s loading %d %% (%.1f of %s)", model, int(s.Fraction*100), float64(s.Read)/(1<<30), gib(s.Weights))
+		u := unitOf(s.Weights)
+		t = fmt.Sprintf("%s loading %d %% (%.1f of %.1f %s)", model, int(s.Fraction*100), u.of(s.Read), u.of(s.Weights), u.name)
 	case s.Read > 0:
-		t = fmt.Sprintf("%s loading, %s read", model, gib(s.Read))
+		u := unitOf(s.Read)
+		t = fmt.Sprintf("%s loading, %.1f %s read", model, u.of(s.Read), u.name)
 	default:
 		t = model + " loading"
 	}
@@ -148,7 +150,21 @@ func (s Status) Text(model string) string {
 	return t
 }
 
-func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+// unit is a binary unit of bytes: GiB for weights of a GiB or more (as
+// models come), MiB below.
+type unit struct {
+	name  string
+	bytes float64
+}
+
+func unitOf(b int64) unit {
+	if b >= 1<<30 {
+		return unit{"GiB", 1 << 30}
+	}
+	return unit{"MiB", 1 << 20}
+}
+
+func (u unit) of(b int64) float64 { return float64(b) / u.bytes }
 
 // Wire is a Status as napd's APIs show it: events, napctl status and
 // wake, the napd object of /v1/models. It says the bytes the engine's

@@ -98,6 +98,8 @@ func TestStatus_Text(t *testing.T) {
 	}{
 		{Status{}, "m loading"},
 		{Status{Read: 3 << 29}, "m loading, 1.5 GiB read"},
+		{Status{Read: 12 << 20, Weights: 48 << 20, Fraction: 0.25, HaveFraction: true}, "m loading 25 % (12.0 of 48.0 MiB)"},
+		{Status{Read: 3 << 19}, "m loading, 1.5 MiB read"},
 		{Status{Read: 3 << 29, Left: 1400 * time.Millisecond, HaveLeft: true}, "m loading, 1.5 GiB read, about 1 s left"},
 		{Status{Read: 7 << 30, Weights: 16 << 30, Fraction: 0.4375, HaveFraction: true, Left: 12 * time.Second, HaveLeft: true},
 			"m loading 43 % (7.0 of 16.0 GiB), about 12 s left"},
