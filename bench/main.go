@@ -15,7 +15,9 @@
 //     against a naive swap-per-request policy;
 //  6. priorities: on those two models, a batch load on one and an
 //     interactive client on the other, time to first byte and batch
-//     throughput with and without priority classes.
+//     throughput with and without priority classes;
+//  7. load progress: a model whose engine reads 1 GiB of evicted weights
+//     at start, the error of napd's time left at 25, 50 and 75 % of it.
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
@@ -63,6 +65,9 @@ func main() {
 	flag.StringVar(&o.llamaServer, "llama-server", "", "llama.cpp's llama-server binary: the real-engine comparison runs on it (with -gguf)")
 	flag.StringVar(&o.gguf, "gguf", "", "the GGUF model llama-server serves in the real-engine comparison")
 	flag.StringVar(&o.binB, "napd-b", "", "a second directory holding a napd binary: its napd is measured beside the first in the wrk comparisons (\"napd (B)\")")
+	flag.BoolVar(&o.progressOnly, "progress-only", false, "run only the load-progress rounds and print their figures")
+	flag.IntVar(&o.progressRounds, "progress-rounds", 3, "wakes of the load-progress figure")
+	flag.StringVar(&o.progressDir, "progress-dir", "", "directory on a disk for the load-progress weights file (\"\" = the temporary directory)")
 	flag.Parse()
 	if *goproxy != "" {
 		if err := runGoProxy(*goproxy, *target); err != nil {
@@ -106,9 +111,24 @@ type options struct {
 	llamaServer    string
 	gguf           string
 	binB           string // "" = no A/B comparison
+	progressOnly   bool
+	progressRounds int
+	progressDir    string
 }
 
 func run(o options) error {
+	if o.progressOnly {
+		r := &report{}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if err := r.runProgress(ctx, o, func(string) func() { return func() {} }); err != nil {
+			return err
+		}
+		var b strings.Builder
+		r.progressMarkdown(&b)
+		fmt.Print(b.String())
+		return nil
+	}
 	if o.prioritiesOnly {
 		r := &report{}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -315,6 +335,9 @@ func run(o options) error {
 		return err
 	}
 	if err := r.runPriorityRuns(ctx, o, step); err != nil {
+		return err
+	}
+	if err := r.runProgress(ctx, o, step); err != nil {
 		return err
 	}
 

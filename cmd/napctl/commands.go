@@ -307,6 +307,9 @@ func eventLine(e control.Event) string {
 	if e.Reason != "" {
 		fmt.Fprintf(&b, " (%s)", e.Reason)
 	}
+	if e.Load != nil {
+		b.WriteString(strings.TrimPrefix(e.Load.Status().Text(""), " loading"))
+	}
 	return b.String()
 }
 

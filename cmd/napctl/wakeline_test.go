@@ -28,3 +28,12 @@ func TestWakeLine(t *testing.T) {
 		}
 	}
 }
+
+func TestEventLine_Load(t *testing.T) {
+	frac := 0.5
+	e := control.Event{Time: time.Date(2026, 12, 7, 9, 8, 10, 0, time.Local), Model: "m", Kind: control.EventLoad,
+		Load: &control.LoadProgress{ReadBytes: 1 << 30, WeightBytes: 2 << 30, Progress: &frac}}
+	if got, want := eventLine(e), "09:08:10.000 m load 50 % (1.0 of 2.0 GiB)"; got != want {
+		t.Errorf("eventLine = %q, want %q", got, want)
+	}
+}
