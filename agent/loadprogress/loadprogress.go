@@ -34,18 +34,28 @@ type Load struct {
 	start   time.Time
 	weights int64         // bytes of weight files; 0: unknown
 	learned time.Duration // the model's typical wake; 0: none learned
+	tail    time.Duration // the model's typical time from its last weight byte to serving; 0: none learned
 	base    Counts
+	full    time.Time // the first reading that found all the weights read; zero before
 	read    int64     // the most read since start: a process that exits takes its count along
 	moved   time.Time // when read last grew (start before it did)
 	at      time.Time // the last reading
 	known   bool      // the last reading could be taken
 }
 
+// Learned is what napd learned of a model's recent wakes: their typical
+// duration, and the typical time from the last byte of the weights read
+// to serving (the engine's set-up after its weights: CUDA graphs, a
+// warm-up); zero: none learned.
+type Learned struct {
+	Wake, Tail time.Duration
+}
+
 // Start begins measuring a load at at: base is what the engine's
 // processes had read then (nil when none ran), weights the size of the
-// model's weight files (0: unknown), learned its typical wake (0: none).
-func Start(at time.Time, weights int64, learned time.Duration, base Counts) *Load {
-	return &Load{start: at, weights: weights, learned: learned, base: base, moved: at, at: at}
+// model's weight files (0: unknown).
+func Start(at time.Time, weights int64, learned Learned, base Counts) *Load {
+	return &Load{start: at, weights: weights, learned: learned.Wake, tail: learned.Tail, base: base, moved: at, at: at}
 }
 
 // Observe takes a reading at at; ok is false when the processes could
@@ -58,6 +68,19 @@ func (l *Load) Observe(at time.Time, now Counts, ok bool) {
 	if r := Read(l.base, now); r > l.read {
 		l.read, l.moved = r, at
 	}
+	if l.full.IsZero() && l.weights > 0 && l.read >= l.weights {
+		l.full = at
+	}
+}
+
+// Tail is how long the wake took from its last weight byte read to end,
+// the engine serving; ok is false when no reading found all the weights
+// read. Readings a second apart make it up to a second short.
+func (l *Load) Tail(end time.Time) (time.Duration, bool) {
+	if l.full.IsZero() {
+		return 0, false
+	}
+	return end.Sub(l.full), true
 }
 
 // minFraction is the least progress the observed rate is trusted from:
@@ -85,23 +108,29 @@ func (l *Load) Status() Status {
 	if l.known && l.weights > 0 {
 		s.Fraction, s.HaveFraction = min(float64(l.read)/float64(l.weights), 1), true
 	}
-	s.Left, s.HaveLeft = Left(s.Elapsed, l.learned, s.Fraction, s.HaveFraction)
+	tail := l.tail
+	if !l.full.IsZero() {
+		tail = max(tail-l.at.Sub(l.full), 0)
+	}
+	s.Left, s.HaveLeft = Left(s.Elapsed, l.learned, tail, s.Fraction, s.HaveFraction)
 	return s
 }
 
 // Left is how long a load that has run for elapsed and got fraction of
 // the way (when haveFraction) should still take, given the model's
-// learned wake time (0: none). The time left is estimated twice: at the
-// rate so far, elapsed × (1 - fraction) / fraction (from minFraction on),
-// and as what the learned wake has left, learned - elapsed; then blended
-// as fraction × the first + (1 - fraction) × the second, so the learned
-// time leads early and the measured rate by the end. With one of the two,
-// that one; with neither, ok is false. It is never below zero.
-func Left(elapsed, learned time.Duration, fraction float64, haveFraction bool) (left time.Duration, ok bool) {
+// learned wake time (0: none) and what is left of its learned tail (the
+// set-up after the weights; 0: none). The time left is estimated twice:
+// at the rate so far, elapsed × (1 - fraction) / fraction (from
+// minFraction on), plus the tail; and as what the learned wake has left,
+// learned - elapsed. They are blended as fraction × the first + (1 -
+// fraction) × the second, so the learned time leads early and the
+// measured rate by the end. With one of the two, that one; with neither,
+// ok is false. It is never below zero.
+func Left(elapsed, learned, tail time.Duration, fraction float64, haveFraction bool) (left time.Duration, ok bool) {
 	observed := haveFraction && fraction >= minFraction
 	var rate float64
 	if observed {
-		rate = float64(elapsed) * (1 - fraction) / fraction
+		rate = float64(elapsed)*(1-fraction)/fraction + float64(tail)
 	}
 	rest := float64(max(learned-elapsed, 0))
 	switch {

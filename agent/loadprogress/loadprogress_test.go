@@ -29,24 +29,28 @@ func TestLeft(t *testing.T) {
 		name     string
 		elapsed  time.Duration
 		learned  time.Duration
+		tail     time.Duration
 		fraction float64
 		have     bool
 		want     time.Duration
 		ok       bool
 	}{
-		{"nothing known", 5 * s, 0, 0, false, 0, false},
-		{"learned only", 5 * s, 20 * s, 0, false, 15 * s, true},
-		{"learned only, past it", 25 * s, 20 * s, 0, false, 0, true},
-		{"rate only: a quarter in 10 s leaves 30 s", 10 * s, 0, 0.25, true, 30 * s, true},
-		{"rate below minFraction is not trusted", 10 * s, 0, 0.001, true, 0, false},
-		{"below minFraction, learned leads", 10 * s, 40 * s, 0.001, true, 30 * s, true},
+		{"nothing known", 5 * s, 0, 0, 0, false, 0, false},
+		{"learned only", 5 * s, 20 * s, 0, 0, false, 15 * s, true},
+		{"learned only, past it", 25 * s, 20 * s, 0, 0, false, 0, true},
+		{"rate only: a quarter in 10 s leaves 30 s", 10 * s, 0, 0, 0.25, true, 30 * s, true},
+		{"rate below minFraction is not trusted", 10 * s, 0, 0, 0.001, true, 0, false},
+		{"below minFraction, learned leads", 10 * s, 40 * s, 0, 0.001, true, 30 * s, true},
 		// rate says 10 s, learned says 30 s: 0.5×10 + 0.5×30.
-		{"half way, blended", 10 * s, 40 * s, 0.5, true, 20 * s, true},
+		{"half way, blended", 10 * s, 40 * s, 0, 0.5, true, 20 * s, true},
 		// rate says 10×0.25/0.75 = 3.33 s; learned 90 s: 0.75×3.33 + 0.25×90 = 25 s.
-		{"late, the rate leads", 10 * s, 100 * s, 0.75, true, 25 * s, true},
-		{"all read", 10 * s, 100 * s, 1, true, 0, true},
+		{"late, the rate leads", 10 * s, 100 * s, 0, 0.75, true, 25 * s, true},
+		{"all read", 10 * s, 100 * s, 0, 1, true, 0, true},
+		// The rate's 30 s plus a learned 4 s set-up after the weights.
+		{"rate and tail", 10 * s, 0, 4 * s, 0.25, true, 34 * s, true},
+		{"all read, tail left", 10 * s, 0, 3 * s, 1, true, 3 * s, true},
 	} {
-		got, ok := Left(tc.elapsed, tc.learned, tc.fraction, tc.have)
+		got, ok := Left(tc.elapsed, tc.learned, tc.tail, tc.fraction, tc.have)
 		if ok != tc.ok || (got-tc.want).Abs() > time.Millisecond {
 			t.Errorf("%s: Left = %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.ok)
 		}
@@ -56,7 +60,7 @@ func TestLeft(t *testing.T) {
 func TestLoad_ProgressAndStall(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	const gib = 1 << 30
-	l := Start(t0, 4*gib, 0, Counts{7: 1000})
+	l := Start(t0, 4*gib, Learned{}, Counts{7: 1000})
 	if l.Stalled(t0.Add(time.Hour), 0) {
 		t.Fatal("timeout 0 stalls")
 	}
@@ -88,6 +92,23 @@ func TestLoad_ProgressAndStall(t *testing.T) {
 	l.Observe(t0.Add(40*time.Second), Counts{8: 5 * gib}, true)
 	if st := l.Status(); st.Fraction != 1 || l.Stalled(t0.Add(time.Hour), 20*time.Second) {
 		t.Fatalf("all read: %+v, stalled %v", st, l.Stalled(t0.Add(time.Hour), 20*time.Second))
+	}
+	if tail, ok := l.Tail(t0.Add(45 * time.Second)); !ok || tail != 5*time.Second {
+		t.Fatalf("Tail = %v, %v; want 5 s from the reading that found all read", tail, ok)
+	}
+}
+
+// A learned tail counts down once the weights are read.
+func TestLoad_TailCountsDown(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	l := Start(t0, 100, Learned{Tail: 4 * time.Second}, nil)
+	if _, ok := l.Tail(t0); ok {
+		t.Fatal("a tail before all was read")
+	}
+	l.Observe(t0.Add(10*time.Second), Counts{1: 100}, true)
+	l.Observe(t0.Add(11*time.Second), Counts{1: 100}, true)
+	if st := l.Status(); !st.HaveLeft || st.Left != 3*time.Second {
+		t.Fatalf("a second after the last byte: %+v, want 3 s of the 4 s tail left", st)
 	}
 }
 

@@ -156,7 +156,8 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 		m.opMu.Unlock()
 		m.do(func() {
 			if op == m.wakeOp {
-				m.wakeStop, m.load = nil, nil
+				m.wakeStop = nil
+				m.loadEnded(err == nil, m.now())
 			}
 			if err == nil {
 				m.replaceEngine(newInstance(spec, m.eng.link))

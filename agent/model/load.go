@@ -41,7 +41,8 @@ func (m *Model) startLoad(ctx context.Context, op lifecycle.Op, cfg *config.Mode
 	at := m.now()
 	m.do(func() {
 		if op == m.wakeOp && m.wakeStop != nil {
-			m.load, m.loadSpec = loadprogress.Start(at, weights, m.typical.Wake, base), spec
+			learned := loadprogress.Learned{Wake: m.typical.Wake, Tail: m.tails.Typical()}
+			m.load, m.loadSpec = loadprogress.Start(at, weights, learned, base), spec
 			m.publish()
 		}
 	})
@@ -93,6 +94,18 @@ func (m *Model) loadStalled(quiet time.Duration) {
 	m.load = nil
 	m.apply(m.machine.WakeDone(m.now(), op, errors.New(why), m.evidence()), nil)
 	m.publish()
+}
+
+// loadEnded ends the measure of the wake in flight, which made the engine
+// serve at end when ok: its tail (last weight byte to serving) is learned.
+func (m *Model) loadEnded(ok bool, end time.Time) {
+	if m.load == nil {
+		return
+	}
+	if tail, full := m.load.Tail(end); ok && full {
+		m.tails.Add(tail)
+	}
+	m.load = nil
 }
 
 // loadStatus is the load's progress to publish: only while waking.

@@ -117,3 +117,38 @@ func TestLoad_NoStallTimeoutByDefault(t *testing.T) {
 	r.reading()
 	r.expect(lifecycle.Waking)
 }
+
+// The time from a wake's last weight byte to serving is learned: the next
+// wake's time left counts it after the rate's.
+func TestLoad_TailLearned(t *testing.T) {
+	meter := &fakeMeter{weights: 100}
+	r := loadRig(t, meter, nil)
+	wakeAt := func(full time.Duration) {
+		a := r.admit(context.Background())
+		wake := r.next("wake")
+		r.until("load measured", func(s Snapshot) bool { return s.Load != nil })
+		meter.set(100)
+		r.clock.Advance(full)
+		r.reading()
+		r.clock.Advance(4 * time.Second) // the set-up after the weights
+		wake.reply <- nil
+		r.granted(a).Done(gateway.Outcome{})
+		r.expect(lifecycle.Awake)
+		r.m.StartSleep("")
+		r.next("sleep").reply <- nil
+		r.until("asleep", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Sleeping })
+		meter.set(0)
+	}
+	wakeAt(10 * time.Second)
+	r.admit(context.Background())
+	r.next("wake")
+	r.until("load measured", func(s Snapshot) bool { return s.Load != nil })
+	meter.set(25)
+	r.clock.Advance(10 * time.Second)
+	e := r.reading()
+	// The rate says 30 s, the tail 4 s; the learned wake (14 s) 4 s:
+	// 0.25 × 34 + 0.75 × 4 = 11.5 s.
+	if e.Load == nil || e.Load.LeftMs == nil || *e.Load.LeftMs != 11_500 {
+		t.Fatalf("load %+v, want 11.5 s left with the learned tail", e.Load)
+	}
+}

@@ -174,6 +174,7 @@ type Model struct {
 	seen      lifecycle.Snapshot // the state last announced
 	sleepers  []chan error       // operator sleeps waiting for their outcome
 	wakes     planner.Recent     // durations of the recent verified wakes
+	tails     planner.Recent     // of those, the time from their last weight byte read to serving
 	requests  planner.Recent     // durations of the recent granted requests
 	typical   planner.Learned    // the typical of wakes and requests, as learn found it
 	base      *Snapshot          // the shared part of the snapshot published last
