@@ -76,8 +76,8 @@ func (m *Model) loadRead(load *loadprogress.Load, at time.Time, counts loadprogr
 		m.loadStalled(load.Quiet(at))
 		return
 	}
+	m.publish() // first: whoever the event wakes reads the new figure
 	m.emit(control.Event{Kind: control.EventLoad, Load: load.Status().Wire()})
-	m.publish()
 }
 
 // loadStalled fails the wake in flight, whose load showed no progress for
