@@ -117,46 +117,17 @@ type options struct {
 }
 
 func run(o options) error {
-	if o.progressOnly {
-		r := &report{}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		if err := r.runProgress(ctx, o, func(string) func() { return func() {} }); err != nil {
-			return err
-		}
-		var b strings.Builder
-		r.progressMarkdown(&b)
-		fmt.Print(b.String())
-		return nil
-	}
-	if o.prioritiesOnly {
-		r := &report{}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		step := func(name string) func() {
-			fmt.Fprintf(os.Stderr, "bench: %s…", name)
-			t := time.Now()
-			return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
-		}
-		if err := r.runPriorityRuns(ctx, o, step); err != nil {
-			return err
-		}
-		var b strings.Builder
-		r.priorityMarkdown(&b)
-		fmt.Print(b.String())
-		return nil
-	}
-	if o.swapsOnly {
-		r := &report{swapClients: o.swapClients, swapEach: o.swapRequests}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := r.runSwaps(ctx, o, func(string) func() { return func() {} }); err != nil {
-			return err
-		}
-		var b strings.Builder
-		r.swapMarkdown(&b)
-		fmt.Print(b.String())
-		return nil
+	switch {
+	case o.progressOnly:
+		return alone(&report{}, 10*time.Minute, func(ctx context.Context, r *report) error { return r.runProgress(ctx, o, step) },
+			(*report).progressMarkdown)
+	case o.prioritiesOnly:
+		return alone(&report{}, 10*time.Minute, func(ctx context.Context, r *report) error { return r.runPriorityRuns(ctx, o, step) },
+			(*report).priorityMarkdown)
+	case o.swapsOnly:
+		quiet := func(string) func() { return func() {} }
+		return alone(&report{swapClients: o.swapClients, swapEach: o.swapRequests}, 5*time.Minute,
+			func(ctx context.Context, r *report) error { return r.runSwaps(ctx, o, quiet) }, (*report).swapMarkdown)
 	}
 	// Thousands of streams need thousands of descriptors here, in napd
 	// (which inherits this limit) and in the engine.
@@ -208,12 +179,6 @@ func run(o options) error {
 		swapClients: o.swapClients, swapEach: o.swapRequests}
 	direct := fmt.Sprintf("http://127.0.0.1:%d%s", n.engines["proxy"], chatPath)
 	viaNapd := "http://" + n.addr + chatPath
-
-	step := func(name string) func() {
-		fmt.Fprintf(os.Stderr, "bench: %s…", name)
-		t := time.Now()
-		return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
-	}
 
 	if !o.realOnly {
 		done := step("wrk: direct, nginx, the Go proxies, napd")
@@ -349,6 +314,28 @@ func run(o options) error {
 		}
 		fmt.Fprintf(os.Stderr, "bench: figures written to %s\n", o.out)
 	}
+	return nil
+}
+
+// step says on stderr that the bench starts name; the function it
+// returns says how long it took.
+func step(name string) func() {
+	fmt.Fprintf(os.Stderr, "bench: %s…", name)
+	t := time.Now()
+	return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
+}
+
+// alone runs one workload by itself into r (an -…-only flag), within a
+// deadline, and prints its figures as render writes them.
+func alone(r *report, within time.Duration, run func(context.Context, *report) error, render func(*report, *strings.Builder)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := run(ctx, r); err != nil {
+		return err
+	}
+	var b strings.Builder
+	render(r, &b)
+	fmt.Print(b.String())
 	return nil
 }
 
