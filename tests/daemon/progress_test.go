@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -16,18 +17,31 @@ import (
 	"github.com/napd/napd/tests/harness"
 )
 
-// A demo engine that reads its 48 MiB weights file at 12 MiB/s at start,
+// A demo engine that reads its 48 MiB weights file at 8 MiB/s at start,
 // as a real engine reads its weights: while it wakes, napd measures the
-// bytes it read against the file's size. napctl wake prints the load at
-// each tenth, napctl's status and /v1/models show it, and the figures grow.
+// bytes it read against the file's size. A streaming request waiting for
+// it gets the load in its comments, napctl wake prints it at each tenth,
+// napctl's status and /v1/models show it, and the figures grow.
 func TestLoadProgress_DemoEngineReadingItsWeights(t *testing.T) {
 	weights := filepath.Join(t.TempDir(), "weights.gguf")
 	if err := os.WriteFile(weights, make([]byte, 48<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n := harness.Start(t, harness.Options{
-		Models: harness.DemoModel("big", "wake_progress = true", "--load-file", weights, "--load-rate", "12MiB"),
+		Models: harness.DemoModel("big", "wake_progress = true", "--load-file", weights, "--load-rate", "8MiB"),
 	})
+	comment := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(n.URL("/v1/chat/completions"), "application/json", strings.NewReader(harness.Chat("big", true, 1)))
+		if err != nil {
+			comment <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+		comment <- line
+	}()
+	n.WaitLeases("big", 1, 10*time.Second)
 	woke := make(chan string, 1)
 	go func() {
 		out, _ := n.Napctl("wake", "big")
@@ -72,6 +86,10 @@ func TestLoadProgress_DemoEngineReadingItsWeights(t *testing.T) {
 			t.Errorf("progress went back from %d to %d %%:\n%s", last, v, out)
 		}
 		last = v
+	}
+	// wake_progress's first comment comes after 3 s of the 6 s load.
+	if c := <-comment; !regexp.MustCompile(`^: big loading \d+ % \(\d+\.\d of 48\.0 MiB\), about \d+ s left\n$`).MatchString(c) {
+		t.Errorf("the waiting stream's first line %q, want the load's progress", c)
 	}
 	if m := n.ModelStatus("big"); m.State != "awake" || m.Load != nil {
 		t.Errorf("after the wake: %s, load %+v", m.State, m.Load)
