@@ -341,7 +341,8 @@ func (g *gatewayModels) Progress(model string) (gateway.ProgressNote, bool) {
 		return gateway.ProgressNote{Label: model + " waits for GPU memory held by " + holders}, true
 	}
 	switch s := m.Snapshot(); {
-	case s.Load != nil:
+	case s.Load != nil && (s.Load.HaveFraction || s.Load.HaveLeft):
+		// Only a figure that says how far or how long: else the time waited.
 		return gateway.ProgressNote{Label: s.Load.Text(model), Measured: true}, true
 	case s.Lifecycle.State == lifecycle.Waking:
 		return gateway.ProgressNote{Label: "waking " + model}, true
