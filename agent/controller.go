@@ -59,6 +59,9 @@ func (a *Agent) Status() control.Status {
 			Unit:     a.sup.UnitName(s.Spec), GPUs: a.desk.GPUs(s), Placement: a.desk.PlacedWhy(m.Name()),
 			SleptWith: s.Slept,
 		}
+		if s.Load != nil {
+			row.Load = s.Load.Wire()
+		}
 		fp := a.desk.Footprint(s)
 		row.Footprint, row.FootprintSource, row.FootprintFrom = fp.Bytes, fp.Source, fp.From
 		if holders := a.desk.WaitingFor(m.Name()); holders != "" {
@@ -88,12 +91,13 @@ func (a *Agent) Status() control.Status {
 // Wake implements control.Controller: an operator wake is an arrival with
 // no request behind it, holding a lease while it waits so the planner
 // leaves the model alone.
-func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) error {
+func (a *Agent) Wake(ctx context.Context, name string, progress func(control.Progress)) error {
 	m, err := a.model(name)
 	if err != nil {
 		return err
 	}
-	progress(m.Snapshot().Lifecycle.State.String())
+	phase := m.Snapshot().Lifecycle.State.String()
+	progress(control.Progress{Phase: phase})
 	events, cancel := a.hub.Subscribe()
 	defer cancel()
 	done := make(chan error, 1)
@@ -107,8 +111,13 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 			}
 			return err
 		case e := <-events:
-			if e.Model == m.Name() && e.Kind == control.EventState {
-				progress(e.To)
+			switch {
+			case e.Model != m.Name():
+			case e.Kind == control.EventState:
+				phase = e.To
+				progress(control.Progress{Phase: phase})
+			case e.Kind == control.EventLoad:
+				progress(control.Progress{Phase: phase, Load: e.Load})
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/measure"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/remote"
 	"github.com/napd/napd/agent/room"
@@ -146,6 +147,7 @@ func (a *Agent) modelDeps() model.Deps {
 		Log:           a.log,
 		Ctx:           a.ctx,
 		Usage:         a.usage,
+		Load:          measure.LoadMeter{Supervisor: a.sup},
 	}
 }
 
@@ -329,19 +331,24 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 }
 
 // Progress implements gateway.Progress for models with wake_progress:
-// what a request waits for, for the comments of an early-committed stream.
-func (g *gatewayModels) Progress(model string) (string, bool) {
+// what a request waits for, for the comments of an early-committed stream;
+// the load's progress once it is measured.
+func (g *gatewayModels) Progress(model string) (gateway.ProgressNote, bool) {
 	m, ok := g.agent().reg.Load().byName[model]
 	if !ok || !m.Snapshot().Config.WakeProgress {
-		return "", false
+		return gateway.ProgressNote{}, false
 	}
 	if holders := g.agent().desk.WaitingFor(model); holders != "" {
-		return model + " waits for GPU memory held by " + holders, true
+		return gateway.ProgressNote{Label: model + " waits for GPU memory held by " + holders}, true
 	}
-	if m.Snapshot().Lifecycle.State == lifecycle.Waking {
-		return "waking " + model, true
+	switch s := m.Snapshot(); {
+	case s.Load != nil && (s.Load.HaveFraction || s.Load.HaveLeft):
+		// Only a figure that says how far or how long: else the time waited.
+		return gateway.ProgressNote{Label: s.Load.Text(model), Measured: true}, true
+	case s.Lifecycle.State == lifecycle.Waking:
+		return gateway.ProgressNote{Label: "waking " + model}, true
 	}
-	return "queued for " + model, true
+	return gateway.ProgressNote{Label: "queued for " + model}, true
 }
 
 // Admit implements gateway.Models.

@@ -33,13 +33,20 @@ func loadState(s model.Snapshot) gateway.LoadState {
 	return gateway.LoadUnloaded
 }
 
-// routerInfo fills the router API's part of a model's listing. A load's
-// progress, once the model layer measures one, goes in info.Progress
-// (0 to 1, while loading): /models and /models/sse show it then.
+// routerInfo fills the router API's part of a model's listing, and the
+// load's progress while it wakes: the fraction of its weights read (0 to
+// 1) for /models and /models/sse when napd knows their size, the whole
+// measure for /v1/models.
 func routerInfo(info *gateway.ModelInfo, s model.Snapshot) {
 	info.Load = loadState(s)
 	info.Failed = s.Lifecycle.State == lifecycle.Failed
 	info.Args = s.Spec.Command
+	if l := s.Load; l != nil {
+		info.Loading = l
+		if l.HaveFraction {
+			info.Progress = &l.Fraction
+		}
+	}
 }
 
 // loads are the router API's loads under way, one per model at a time.

@@ -15,7 +15,9 @@
 //     against a naive swap-per-request policy;
 //  6. priorities: on those two models, a batch load on one and an
 //     interactive client on the other, time to first byte and batch
-//     throughput with and without priority classes.
+//     throughput with and without priority classes;
+//  7. load progress: a model whose engine reads 1 GiB of evicted weights
+//     at start, the error of napd's time left at 25, 50 and 75 % of it.
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
@@ -63,6 +65,9 @@ func main() {
 	flag.StringVar(&o.llamaServer, "llama-server", "", "llama.cpp's llama-server binary: the real-engine comparison runs on it (with -gguf)")
 	flag.StringVar(&o.gguf, "gguf", "", "the GGUF model llama-server serves in the real-engine comparison")
 	flag.StringVar(&o.binB, "napd-b", "", "a second directory holding a napd binary: its napd is measured beside the first in the wrk comparisons (\"napd (B)\")")
+	flag.BoolVar(&o.progressOnly, "progress-only", false, "run only the load-progress rounds and print their figures")
+	flag.IntVar(&o.progressRounds, "progress-rounds", 3, "wakes of the load-progress figure")
+	flag.StringVar(&o.progressDir, "progress-dir", "", "directory on a disk for the load-progress weights file (\"\" = the temporary directory)")
 	flag.Parse()
 	if *goproxy != "" {
 		if err := runGoProxy(*goproxy, *target); err != nil {
@@ -106,37 +111,23 @@ type options struct {
 	llamaServer    string
 	gguf           string
 	binB           string // "" = no A/B comparison
+	progressOnly   bool
+	progressRounds int
+	progressDir    string
 }
 
 func run(o options) error {
-	if o.prioritiesOnly {
-		r := &report{}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		step := func(name string) func() {
-			fmt.Fprintf(os.Stderr, "bench: %s…", name)
-			t := time.Now()
-			return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
-		}
-		if err := r.runPriorityRuns(ctx, o, step); err != nil {
-			return err
-		}
-		var b strings.Builder
-		r.priorityMarkdown(&b)
-		fmt.Print(b.String())
-		return nil
-	}
-	if o.swapsOnly {
-		r := &report{swapClients: o.swapClients, swapEach: o.swapRequests}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := r.runSwaps(ctx, o, func(string) func() { return func() {} }); err != nil {
-			return err
-		}
-		var b strings.Builder
-		r.swapMarkdown(&b)
-		fmt.Print(b.String())
-		return nil
+	switch {
+	case o.progressOnly:
+		return alone(&report{}, 10*time.Minute, func(ctx context.Context, r *report) error { return r.runProgress(ctx, o, step) },
+			(*report).progressMarkdown)
+	case o.prioritiesOnly:
+		return alone(&report{}, 10*time.Minute, func(ctx context.Context, r *report) error { return r.runPriorityRuns(ctx, o, step) },
+			(*report).priorityMarkdown)
+	case o.swapsOnly:
+		quiet := func(string) func() { return func() {} }
+		return alone(&report{swapClients: o.swapClients, swapEach: o.swapRequests}, 5*time.Minute,
+			func(ctx context.Context, r *report) error { return r.runSwaps(ctx, o, quiet) }, (*report).swapMarkdown)
 	}
 	// Thousands of streams need thousands of descriptors here, in napd
 	// (which inherits this limit) and in the engine.
@@ -188,12 +179,6 @@ func run(o options) error {
 		swapClients: o.swapClients, swapEach: o.swapRequests}
 	direct := fmt.Sprintf("http://127.0.0.1:%d%s", n.engines["proxy"], chatPath)
 	viaNapd := "http://" + n.addr + chatPath
-
-	step := func(name string) func() {
-		fmt.Fprintf(os.Stderr, "bench: %s…", name)
-		t := time.Now()
-		return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
-	}
 
 	if !o.realOnly {
 		done := step("wrk: direct, nginx, the Go proxies, napd")
@@ -317,6 +302,9 @@ func run(o options) error {
 	if err := r.runPriorityRuns(ctx, o, step); err != nil {
 		return err
 	}
+	if err := r.runProgress(ctx, o, step); err != nil {
+		return err
+	}
 
 	md := r.markdown()
 	fmt.Print(md)
@@ -326,6 +314,28 @@ func run(o options) error {
 		}
 		fmt.Fprintf(os.Stderr, "bench: figures written to %s\n", o.out)
 	}
+	return nil
+}
+
+// step says on stderr that the bench starts name; the function it
+// returns says how long it took.
+func step(name string) func() {
+	fmt.Fprintf(os.Stderr, "bench: %s…", name)
+	t := time.Now()
+	return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
+}
+
+// alone runs one workload by itself into r (an -…-only flag), within a
+// deadline, and prints its figures as render writes them.
+func alone(r *report, within time.Duration, run func(context.Context, *report) error, render func(*report, *strings.Builder)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := run(ctx, r); err != nil {
+		return err
+	}
+	var b strings.Builder
+	render(r, &b)
+	fmt.Print(b.String())
 	return nil
 }
 

@@ -80,6 +80,7 @@ type report struct {
 	real                         realFigures
 	allocs                       []goBench // BenchmarkProxy: direct, gateway
 	scale                        scaleFigures
+	progress                     []progressRound
 }
 
 func met(ok bool) string {
@@ -195,6 +196,7 @@ with it. The model is put to sleep again between rows.
 	r.recordingMarkdown(&b)
 	r.swapMarkdown(&b)
 	r.priorityMarkdown(&b)
+	r.progressMarkdown(&b)
 	return strings.TrimRight(b.String(), "\n") + "\n"
 }
 

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/request"
 )
@@ -727,6 +728,8 @@ type modelNapd struct {
 	AliasOf     string   `json:"alias_of,omitempty"`
 	RoomWaiting int      `json:"room_waiting,omitempty"`
 	WaitingFor  string   `json:"waiting_for,omitempty"`
+	// Load is how far the load got while the model wakes, when measured.
+	Load *loadprogress.Wire `json:"load,omitempty"`
 }
 
 // entry is m's /v1/models entry or, when alias is not "", the entry of
@@ -736,6 +739,9 @@ func (c *call) entry(m ModelInfo, alias string) modelEntry {
 		ID: m.Name, Object: "model", Created: c.g.created, OwnedBy: "napd",
 		Napd:   modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases, RoomWaiting: m.RoomWaiting, WaitingFor: m.WaitingFor},
 		Status: c.status(m),
+	}
+	if m.Loading != nil {
+		e.Napd.Load = m.Loading.Wire()
 	}
 	if alias != "" {
 		e.ID, e.Napd.AliasOf, e.Napd.Aliases = alias, m.Name, nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/agent/priority"
 )
 
@@ -107,6 +108,9 @@ type ModelInfo struct {
 	// loads and the model layer knows it (nil: it does not); GET /models
 	// and /models/sse show it.
 	Progress *float64
+	// Loading is the load's progress while the model wakes, when napd
+	// measures it (nil: not); the napd object of /v1/models shows it.
+	Loading *loadprogress.Status
 }
 
 // Quotas is what the gateway asks of napd's accounting about a key with a

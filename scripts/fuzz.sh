@@ -3,8 +3,8 @@
 # (FUZZTIME, default 10s): the request body's routing fields, multipart
 # forms, the API keys file, usage.json, the request head's napd headers
 # (deadline, idempotency), path rules, the config file, the HAProxy agent
-# check, a remote napd's model list (agent/remote), and the GPU probes'
-# parsers (nvidia-smi's CSV, DRM fdinfo).
+# check, a remote napd's model list (agent/remote), the GPU probes'
+# parsers (nvidia-smi's CSV, DRM fdinfo) and /proc/PID/io (probes/procio).
 # `make fuzz` runs it; CI runs it after the tests. A failure leaves the
 # input under the package's testdata/fuzz, where `go test` replays it.
 set -euo pipefail

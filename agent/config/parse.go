@@ -88,6 +88,7 @@ func Default() *Config {
 			Priorities:           priority.DefaultClasses,
 			PriorityAge:          time.Minute,
 			PriorityYieldAfter:   map[string]time.Duration{},
+			WarmWeights:          WarmWeightsAuto,
 		},
 		Pressure: Pressure{
 			GPUReserve:   1 << 30,
@@ -549,6 +550,7 @@ func policySchema(p *Policy) map[string]setter {
 		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, lifecycle.ArrivalCancelDrain, lifecycle.ArrivalRefuse),
 		"wake_attempts":          setInt(&p.WakeAttempts, 1, 100),
 		"wake_timeout":           setDuration(&p.WakeTimeout, false),
+		"wake_stall_timeout":     setDuration(&p.WakeStallTimeout, true),
 		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),
 		"health_interval":        setDuration(&p.HealthInterval, true),
 		"health_failures":        setInt(&p.HealthFailures, 1, 100),
@@ -567,6 +569,7 @@ func policyTableSchema(p *Policy) map[string]setter {
 	schema["priorities"] = setClasses(&p.Priorities)
 	schema["priority_age"] = setDuration(&p.PriorityAge, false)
 	schema["priority_yield_after"] = setDurations(&p.PriorityYieldAfter)
+	schema["warm_weights"] = setWarmWeights(&p.WarmWeights)
 	return schema
 }
 
@@ -608,6 +611,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"listed":            setBool(&m.Listed),
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
+		"weights":           setStrings(&m.Weights, nil),
 		"priority":          setClass(&m.Priority, &pol.Priorities),
 		"engine_priority":   setBool(&m.EnginePriority),
 	})
@@ -640,6 +644,7 @@ func (m *Model) setPolicy(p Policy) {
 	m.ArrivalWhileDraining = p.ArrivalWhileDraining
 	m.WakeAttempts = p.WakeAttempts
 	m.WakeTimeout = p.WakeTimeout
+	m.WakeStallTimeout = p.WakeStallTimeout
 	m.AllowUntrackedUnload = p.AllowUntrackedUnload
 	m.HealthInterval = p.HealthInterval
 	m.HealthFailures = p.HealthFailures
@@ -767,6 +772,7 @@ func (d *decoder) checkModel(m *Model, t *table) {
 		d.addAt(t.at("activity_metrics"), fmt.Sprintf(`only used with evidence = "auto" or "metrics", not %q`, m.Evidence))
 	}
 	d.checkSelfSleep(m, t)
+	d.checkWeights(m, t)
 }
 
 // addrPort is the port of a HOST:PORT address, 0 when it has none.

@@ -125,6 +125,9 @@ type Policy struct {
 	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
+	// WakeStallTimeout fails a wake attempt whose load showed no progress
+	// that long (docs/lifecycle.md#load-progress); 0: off.
+	WakeStallTimeout     time.Duration
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration // 0 = awake engines are not probed
 	HealthFailures       int
@@ -154,7 +157,15 @@ type Policy struct {
 	Priorities         priority.Classes
 	PriorityAge        time.Duration
 	PriorityYieldAfter map[string]time.Duration
+	// WarmWeights is how much of the stopped models' weight files napd
+	// keeps in the page cache (docs/memory.md): WarmWeightsAuto, 0 (off)
+	// or a size in bytes. Only in [policy].
+	WarmWeights int64
 }
+
+// WarmWeightsAuto is warm_weights = "auto": what host memory allows above
+// host_reserve.
+const WarmWeightsAuto int64 = -1
 
 // Values of policy.fair_share.
 const (
@@ -212,6 +223,7 @@ type Model struct {
 	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
+	WakeStallTimeout     time.Duration
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration
 	HealthFailures       int
@@ -246,6 +258,10 @@ type Model struct {
 	// idleness, and is woken at their start when it fits.
 	WarmOnStart bool
 	KeepAwake   []Window
+	// Weights are the model's weight files and directories (absolute,
+	// checked to exist at load) napd keeps warm besides those its command
+	// names.
+	Weights []string
 
 	// A container engine (docs/containers.md): Image is set, Command is
 	// the container's command and arguments (may be empty: the image's

@@ -7,6 +7,7 @@ package estimate
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,34 +23,14 @@ type Estimate struct {
 	From  string // for status and logs, e.g. "4.1 GiB of .gguf × 1.2 + 1.0 GiB"
 }
 
-// FromFiles sums the model files argv names: files ending in .gguf, and
-// directories holding .safetensors files (not descending further). An
-// argument may be a path or --flag=path. It returns 0 when there are none.
+// FromFiles sums the model files argv names (WeightFiles). It returns 0
+// when there are none.
 func FromFiles(argv []string) Estimate {
 	var total int64
 	var kinds []string
-	seen := map[string]bool{}
-	for _, arg := range argv {
-		if _, v, ok := strings.Cut(arg, "="); ok && strings.HasPrefix(arg, "-") {
-			arg = v
-		}
-		if arg == "" || strings.HasPrefix(arg, "-") || seen[arg] {
-			continue
-		}
-		seen[arg] = true
-		fi, err := os.Stat(arg)
-		switch {
-		case err != nil:
-			continue
-		case fi.Mode().IsRegular() && strings.HasSuffix(strings.ToLower(arg), ".gguf"):
-			total += fi.Size()
-			kinds = appendOnce(kinds, ".gguf")
-		case fi.IsDir():
-			if b := safetensors(arg); b > 0 {
-				total += b
-				kinds = appendOnce(kinds, ".safetensors")
-			}
-		}
+	for _, f := range WeightFiles(argv, nil) {
+		total += f.Size
+		kinds = appendOnce(kinds, strings.ToLower(filepath.Ext(f.Path)))
 	}
 	if total == 0 {
 		return Estimate{}
@@ -58,21 +39,67 @@ func FromFiles(argv []string) Estimate {
 		From: fmt.Sprintf("%s of %s × 1.2 + %s engine overhead", gib(total), strings.Join(kinds, " and "), gib(Overhead))}
 }
 
-func safetensors(dir string) int64 {
+// File is one weight file and its size.
+type File struct {
+	Path string
+	Size int64
+}
+
+// WeightFiles are a model's weight files: the files ending in .gguf that
+// argv names, the .safetensors files of the directories it names (not
+// descending further), and extra (a model's weights key): files, or
+// directories of which every regular file counts. An argument may be a
+// path or --flag=path. A file is listed once; what cannot be read is left
+// out.
+func WeightFiles(argv, extra []string) []File {
+	var files []File
+	seen := map[string]bool{}
+	add := func(path string, fi os.FileInfo) {
+		if !seen[path] {
+			seen[path] = true
+			files = append(files, File{Path: path, Size: fi.Size()})
+		}
+	}
+	for _, arg := range argv {
+		if _, v, ok := strings.Cut(arg, "="); ok && strings.HasPrefix(arg, "-") {
+			arg = v
+		}
+		if arg == "" || strings.HasPrefix(arg, "-") {
+			continue
+		}
+		fi, err := os.Stat(arg)
+		switch {
+		case err != nil:
+		case fi.Mode().IsRegular() && strings.HasSuffix(strings.ToLower(arg), ".gguf"):
+			add(arg, fi)
+		case fi.IsDir():
+			dirFiles(arg, ".safetensors", add)
+		}
+	}
+	for _, p := range extra {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			add(p, fi)
+		} else if err == nil && fi.IsDir() {
+			dirFiles(p, "", add)
+		}
+	}
+	return files
+}
+
+// dirFiles hands add the regular files of dir whose names end in suffix.
+func dirFiles(dir, suffix string, add func(string, os.FileInfo)) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return 0
+		return
 	}
-	var total int64
 	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), ".safetensors") || !e.Type().IsRegular() {
+		if !strings.HasSuffix(e.Name(), suffix) || !e.Type().IsRegular() {
 			continue
 		}
 		if fi, err := e.Info(); err == nil {
-			total += fi.Size()
+			add(filepath.Join(dir, e.Name()), fi)
 		}
 	}
-	return total
 }
 
 // FromUtilization is vLLM's --gpu-memory-utilization × the total memory of

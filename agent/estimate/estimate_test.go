@@ -3,6 +3,7 @@ package estimate
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -72,5 +73,27 @@ func TestFromUtilization(t *testing.T) {
 		if got := FromUtilization(tt.argv, tt.total).Bytes; got != tt.want {
 			t.Errorf("FromUtilization(%q, %d) = %d, want %d", tt.argv, tt.total, got, tt.want)
 		}
+	}
+}
+
+func TestWeightFiles(t *testing.T) {
+	dir := t.TempDir()
+	gguf := filepath.Join(dir, "m.gguf")
+	sparse(t, gguf, 5)
+	st := filepath.Join(dir, "hf")
+	if err := os.Mkdir(st, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sparse(t, filepath.Join(st, "a.safetensors"), 6)
+	sparse(t, filepath.Join(st, "tokenizer.json"), 1)
+	extra := filepath.Join(dir, "extra")
+	if err := os.Mkdir(extra, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sparse(t, filepath.Join(extra, "w.bin"), 7)
+	got := WeightFiles([]string{"engine", "--model=" + gguf, st}, []string{extra, gguf, filepath.Join(dir, "gone")})
+	want := []File{{gguf, 5}, {filepath.Join(st, "a.safetensors"), 6}, {filepath.Join(extra, "w.bin"), 7}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("WeightFiles = %v, want %v", got, want)
 	}
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/agent/priority"
@@ -108,6 +109,8 @@ type Deps struct {
 	Ctx context.Context
 	// Usage accounts who used the box; nil: nobody does.
 	Usage Usage
+	// Load measures a waking engine's load; nil: it is not measured.
+	Load LoadMeter
 }
 
 // Usage is napd's accounting of GPU time per key (*usage.Ledger in
@@ -175,6 +178,7 @@ type Model struct {
 	seen      lifecycle.Snapshot // the state last announced
 	sleepers  []chan error       // operator sleeps waiting for their outcome
 	wakes     planner.Recent     // durations of the recent verified wakes
+	tails     planner.Recent     // of those, the time from their last weight byte read to serving
 	requests  planner.Recent     // durations of the recent granted requests
 	typical   planner.Learned    // the typical of wakes and requests, as learn found it
 	base      *Snapshot          // the shared part of the snapshot published last
@@ -186,6 +190,12 @@ type Model struct {
 	freed     time.Time          // when the engine last gave its GPU memory back: a sleep, a stop, an exit
 	deeper    bool               // a move down the sleep ladder is in flight
 	roomBy    time.Time          // when the desk expects the room the wake waits for (RoomExpected); zero: unknown
+	// load is the load of the wake in flight as measured (nil: not
+	// measured, or not started), of an engine started with loadSpec;
+	// loadReading: a reading of it is in flight.
+	load        *loadprogress.Load
+	loadSpec    supervisor.Spec
+	loadReading bool
 }
 
 // instance is one engine as requests reach it: the spec it was started
@@ -258,6 +268,9 @@ type Snapshot struct {
 	// stop, an exit; zero before any): a GPU reading from about then may
 	// still show that memory, held by a process napd no longer knows.
 	Freed time.Time
+	// Load is the progress of the load while the model wakes, as of its
+	// last reading; nil when not measured.
+	Load *loadprogress.Status
 }
 
 // New returns the model for cfg, whose engine is started with spec. Its
@@ -473,6 +486,7 @@ func (m *Model) Tick() {
 	m.do(func() {
 		m.apply(m.machine.Tick(m.now(), m.drainEvidence()), nil)
 		m.watchTick()
+		m.loadTick()
 		m.releaseLate()
 		m.publish()
 	})
@@ -567,6 +581,7 @@ type published struct {
 	learned          planner.Learned
 	queued           *priority.Oldest
 	serving, recent  priority.Class
+	load             *loadprogress.Status
 }
 
 func (p *published) snapshot() Snapshot {
@@ -574,6 +589,7 @@ func (p *published) snapshot() Snapshot {
 	s.QueueDepth, s.Active, s.LastUsed = p.queueDepth, p.active, p.lastUsed
 	s.Oldest, s.Deadline, s.Learned = p.oldest, p.deadline, p.learned
 	s.Queued, s.Serving, s.Recent = p.queued, p.serving, p.recent
+	s.Load = p.load
 	return s
 }
 
@@ -585,7 +601,7 @@ func (m *Model) publish() {
 		m.base = b
 	}
 	p := &published{base: b, queueDepth: len(m.queue), active: m.active, lastUsed: m.lastUsed, learned: m.learned(),
-		serving: m.serving(), recent: m.recent}
+		serving: m.serving(), recent: m.recent, load: m.loadStatus()}
 	if len(m.queue) > 0 {
 		p.oldest, p.deadline = m.queue[0].arrived, m.queue[0].deadline
 		p.queued = new(priority.Oldest)

@@ -112,6 +112,10 @@ type modelView struct {
 	GPU      string
 	LastWake string
 	Idle     string
+	// Load says a waking model's load progress ("" when not measured);
+	// LoadPercent is its fraction of the weights read ("" when unknown).
+	Load        string
+	LoadPercent string
 }
 
 func view(st control.Status, now time.Time) pageView {
@@ -230,6 +234,13 @@ func modelOf(m control.ModelStatus, now time.Time) modelView {
 	}
 	if m.IdleSince != nil {
 		mv.Idle = age(now.Sub(*m.IdleSince))
+	}
+	if m.Load != nil {
+		ls := m.Load.Status()
+		mv.Load = ls.Text(m.Name)
+		if ls.HaveFraction {
+			mv.LoadPercent = fmt.Sprintf("%.0f", 100*ls.Fraction)
+		}
 	}
 	return mv
 }

@@ -16,6 +16,7 @@ func TestPage_ShowsModelsGPUsAndMemory(t *testing.T) {
 	engine := int64(3 << 30)
 	psi := 2.5
 	idle := now.Add(-90 * time.Second)
+	frac, left := 0.4375, int64(12_000)
 	st := control.Status{
 		Version: "1.2.3", Supervisor: "systemd", Config: "/etc/napd/napd.toml", Started: now.Add(-3 * time.Hour),
 		Host: control.HostMemory{TotalBytes: 64 << 30, AvailableBytes: 40 << 30, PSISomeAvg10: &psi},
@@ -25,6 +26,7 @@ func TestPage_ShowsModelsGPUsAndMemory(t *testing.T) {
 			{Name: "llama", Aliases: []string{"fast", "default"}, State: "awake", StateSince: now.Add(-5 * time.Minute),
 				Leases: 3, QueueDepth: 2, EngineBytes: &engine, GPUBytes: map[string]int64{"0": 40 << 30}, LastWakeMs: 12345},
 			{Name: "qwen", State: "failed", Reason: `exit status 1 <b>after</b> 3 attempts`, IdleSince: &idle},
+			{Name: "big", State: "waking", Load: &control.LoadProgress{ReadBytes: 7 << 30, WeightBytes: 16 << 30, Progress: &frac, LeftMs: &left}},
 		},
 		Usage: []control.UsageRow{{Key: "nightly", Model: "llama", GPUByteSeconds: 40 << 30 * 1800, GPUHours: 0.25, Wakes: 2, Swaps: 1,
 			PromptTokens: 1200, CompletionTokens: 340}},
@@ -57,6 +59,7 @@ func TestPage_ShowsModelsGPUsAndMemory(t *testing.T) {
 		`40.0 GiB available of 64.0 GiB, memory pressure 2.5%`, `up 3h00m`, `version 1.2.3`,
 		`data-key="nightly" data-model="llama"`, `<td class="n">0.250</td><td class="n">20.0</td>`, `<td class="n">1200</td><td class="n">340</td>`,
 		`<td>0.250 of 2</td><td>1540</td><td>2026-12-02 00:00 UTC</td>`,
+		`<progress max="100" value="44"></progress> big loading 43 % (7.0 of 16.0 GiB), about 12 s left`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page lacks %q", want)

@@ -85,6 +85,9 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 		if m.FootprintSource == control.FootprintEstimated {
 			fmt.Fprintf(w, "%s: footprint %s estimated from %s (until measured)\n", m.Name, bytesStr(m.Footprint), m.FootprintFrom)
 		}
+		if m.Load != nil {
+			fmt.Fprintln(w, m.Load.Status().Text(m.Name))
+		}
 		if m.SleptWith != "" && m.State == lifecycle.Sleeping.String() {
 			fmt.Fprintf(w, "%s: asleep with %s\n", m.Name, m.SleptWith)
 		}
@@ -157,6 +160,7 @@ func (c *cli) wake(ctx context.Context, args []string) error {
 	tty := isTerminal(c.out)
 	start := time.Now()
 	phase := "requested"
+	var load *control.LoadProgress
 	var ticker <-chan time.Time
 	if tty {
 		t := time.NewTicker(100 * time.Millisecond)
@@ -169,15 +173,21 @@ func (c *cli) wake(ctx context.Context, args []string) error {
 		done <- c.client().Wake(ctx, model, func(p control.Progress) { progress <- p })
 	}()
 	line := func() {
-		fmt.Fprintf(c.out, "\r\033[K%s: %s %s", model, phase, durStr(time.Since(start)))
+		fmt.Fprintf(c.out, "\r\033[K%s", wakeLine(model, phase, load, time.Since(start)))
 	}
 	for {
 		select {
 		case p := <-progress:
-			phase = p.Phase
-			if tty {
+			// A load line off a terminal only at each tenth of the weights.
+			quiet := p.Phase == phase && p.Load != nil && load != nil && loadStep(p.Load) == loadStep(load)
+			phase, load = p.Phase, p.Load
+			switch {
+			case tty:
 				line()
-			} else if !p.Done && p.Phase != lifecycle.Awake.String() { // the final line says it
+			case p.Done || p.Phase == lifecycle.Awake.String() || quiet: // the final line says it
+			case load != nil:
+				fmt.Fprintln(c.out, wakeLine(model, phase, load, time.Duration(p.ElapsedMs)*time.Millisecond))
+			default:
 				fmt.Fprintf(c.out, "%s: %s (%s)\n", model, p.Phase, durStr(time.Duration(p.ElapsedMs)*time.Millisecond))
 			}
 		case <-ticker:
@@ -305,6 +315,9 @@ func eventLine(e control.Event) string {
 	}
 	if e.Reason != "" {
 		fmt.Fprintf(&b, " (%s)", e.Reason)
+	}
+	if e.Load != nil {
+		b.WriteString(strings.TrimPrefix(e.Load.Status().Text(""), " loading"))
 	}
 	return b.String()
 }

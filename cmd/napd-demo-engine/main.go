@@ -94,6 +94,8 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	fs.IntVar(&c.port, "port", 8000, "port to listen on (0 picks a free one; the log names it)")
 	fs.Var(&models, "model", "served model name (repeatable; default \"demo\")")
 	fs.DurationVar(&c.opts.StartupDelay, "startup-delay", 0, "time spent loading before /health turns 200")
+	loadFile := fs.String("load-file", "", "file read whole at start before /health turns 200, as an engine reads its weights (a directory: every regular file in it)")
+	fs.Var(sizeFlag{&c.opts.LoadRate}, "load-rate", "pace of the --load-file read in bytes per second, e.g. 200MiB (0 = as fast as the disk)")
 	fs.DurationVar(&c.opts.TTFT, "ttft", 100*time.Millisecond, "time to the first token")
 	fs.Float64Var(&c.opts.TokensPerSecond, "tokens-per-second", 50, "pace of the tokens after the first (0 = no delay)")
 	fs.BoolVar(&c.opts.SleepMode, "sleep-mode", false, "serve vLLM's sleep endpoints and SGLang's memory-occupation ones")
@@ -137,6 +139,13 @@ func parseFlags(args []string, stderr *os.File) (cmdline, error) {
 	}
 	if !slices.Contains(demoengine.Flavors, c.opts.Flavor) {
 		return c, usageError{fmt.Errorf("unknown --flavor %q (want %s)", c.opts.Flavor, strings.Join(demoengine.Flavors, ", "))}
+	}
+	if *loadFile != "" {
+		files, err := demoengine.LoadPaths(*loadFile)
+		if err != nil {
+			return c, usageError{fmt.Errorf("--load-file: %w", err)}
+		}
+		c.opts.LoadFiles = files
 	}
 	c.opts.Models = models
 	return c, nil

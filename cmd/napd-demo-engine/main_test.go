@@ -162,10 +162,11 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 type stats struct {
-	Completions      int  `json:"completions"`
-	StreamsCancelled int  `json:"streams_cancelled"`
-	Rejected         int  `json:"rejected"`
-	IsSleeping       bool `json:"is_sleeping"`
+	Completions      int   `json:"completions"`
+	StreamsCancelled int   `json:"streams_cancelled"`
+	Rejected         int   `json:"rejected"`
+	IsSleeping       bool  `json:"is_sleeping"`
+	LoadedBytes      int64 `json:"loaded_bytes"`
 }
 
 func (p *proc) stats(t *testing.T) stats {
@@ -191,6 +192,26 @@ func TestDemoEngine_StartupDelayAndModels(t *testing.T) {
 	code, body := p.get(t, "/v1/models")
 	if code != 200 || !strings.Contains(body, `"id":"a"`) || !strings.Contains(body, `"id":"b"`) {
 		t.Fatalf("/v1/models = %d %s", code, body)
+	}
+}
+
+func TestDemoEngine_LoadFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "w.safetensors"), make([]byte, 3<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "--load-file", dir, "--load-rate", "4MiB")
+	if code, _ := p.get(t, "/health"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/health while loading = %d, want 503", code)
+	}
+	eventually(t, "/health turns 200", func() bool { code, _ := p.get(t, "/health"); return code == 200 })
+	// 3 MiB at 4 MiB/s: the pacing guarantees at least 0.75 s.
+	if took := time.Since(p.started); took < 750*time.Millisecond {
+		t.Fatalf("healthy after %v, faster than --load-rate allows", took)
+	}
+	if got := p.stats(t).LoadedBytes; got != 3<<20 {
+		t.Fatalf("loaded_bytes = %d, want %d", got, 3<<20)
 	}
 }
 
@@ -389,7 +410,8 @@ func TestDemoEngine_ClientDisconnectIsCounted(t *testing.T) {
 func TestDemoEngine_BadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"--memory", "lots"}, {"--memory", "2GB"}, {"--no-such-flag"}, {"extra"},
-		{"--sleep-idle-seconds", "0"}, {"--sleep-idle-seconds", "-2"}, {"--sleep-idle-seconds", "5m"}} {
+		{"--sleep-idle-seconds", "0"}, {"--sleep-idle-seconds", "-2"}, {"--sleep-idle-seconds", "5m"},
+		{"--load-file", "/nonexistent/w.gguf"}, {"--load-file", "/dev/null"}, {"--load-rate", "fast"}} {
 		out, err := exec.Command(bin, args...).CombinedOutput()
 		ee, ok := errors.AsType[*exec.ExitError](err)
 		if !ok || ee.ExitCode() != 2 {

@@ -61,6 +61,7 @@ type Engine struct {
 	stats     Stats
 	control   []ControlRequest
 	selfSleep idleSleep // llama.cpp's own idle sleep (SleepIdle)
+	load      loadState // reading LoadFiles
 }
 
 // Stats are the counters /debug/stats reports.
@@ -95,6 +96,10 @@ type Stats struct {
 	// the reloads a task started after one.
 	SelfSleeps int `json:"self_sleeps"`
 	Reloads    int `json:"reloads"`
+	// LoadedBytes of LoadBytes (LoadFiles) read so far; Loaded once all.
+	LoadedBytes int64 `json:"loaded_bytes"`
+	LoadBytes   int64 `json:"load_bytes"`
+	Loaded      bool  `json:"loaded"`
 }
 
 // ControlRequest is one control-plane request as /debug/requests lists it.
@@ -145,6 +150,7 @@ func New(opts Options) *Engine {
 		e.exit = os.Exit
 	}
 	e.weights = allocate(opts.MemoryBytes)
+	e.startLoad()
 	e.startIdleSleep()
 	return e
 }
@@ -171,9 +177,13 @@ func (e *Engine) CountConnection() {
 	e.stats.Connections++
 }
 
-// loading reports whether the startup delay is still running.
+// loading reports whether the startup delay is still running or the
+// LoadFiles are not read yet.
 func (e *Engine) loading() bool {
-	return time.Since(e.started) < e.opts.StartupDelay
+	e.mu.Lock()
+	done := e.load.done
+	e.mu.Unlock()
+	return !done || time.Since(e.started) < e.opts.StartupDelay
 }
 
 // Stats returns a snapshot of the counters and state.
@@ -187,6 +197,7 @@ func (e *Engine) Stats() Stats {
 	s.SleepState = e.sleepStateLocked()
 	s.WeightsLoaded = !e.stale
 	s.WeightsBytes = len(e.weights)
+	s.LoadedBytes, s.LoadBytes, s.Loaded = e.load.read, e.load.total, e.load.done
 	return s
 }
 

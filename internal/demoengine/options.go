@@ -14,6 +14,13 @@ type Options struct {
 	// StartupDelay is how long the engine "loads": until it passes, every
 	// endpoint except /debug/ answers 503.
 	StartupDelay time.Duration
+	// LoadFiles are read whole at start, as an engine reads its weights:
+	// /health answers 503 until they are read (and StartupDelay passed).
+	// LoadPaths expands a directory into its files.
+	LoadFiles []string
+	// LoadRate paces that read in bytes per second; 0 means as fast as the
+	// disk (or the page cache) gives them.
+	LoadRate int64
 	// TTFT is the delay before the first token of every completion.
 	TTFT time.Duration
 	// TokensPerSecond paces the tokens after the first; 0 means no delay.

@@ -1,0 +1,153 @@
+//go:build linux
+
+// Package pagecache reads files into the host's page cache, measures how
+// much of them is resident, and drops them from it: napd keeps a sleeping
+// model's weight files warm so that its next wake reads them from RAM.
+//
+// Warming runs at idle I/O priority (IOPRIO_CLASS_IDLE), so that it only
+// uses the disk when nothing else does; residency is mincore(2) over a
+// read-only mapping, which maps no page in; Drop is
+// posix_fadvise(POSIX_FADV_DONTNEED), which drops only clean pages no
+// process has mapped. It owns no goroutine beyond a call's own.
+package pagecache
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Chunk is how much one readahead asks for: a cancelled warm stops within
+// one chunk, and the idle-priority I/O queues behind an engine's reads in
+// pieces of this size.
+const Chunk = 8 << 20
+
+// mincoreWindow bounds one mapping of the residency check, so that a
+// 100 GiB file needs neither 100 GiB of address space at once nor a
+// 25 MiB vector.
+const mincoreWindow = 1 << 30
+
+// ioprio_set(2)'s constants (linux/ioprio.h). x/sys has only the syscall
+// numbers of ioprio_set, mincore and readahead (the build is for 64-bit
+// Linux: readahead's offset is one register).
+const (
+	ioprioWhoProcess = 1
+	ioprioClassIdle  = 3
+	ioprioClassShift = 13
+)
+
+// Resident returns how many bytes of the file at path are in the page
+// cache, and its size.
+func Resident(path string) (resident, size int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	size = fi.Size()
+	page := int64(os.Getpagesize())
+	for off := int64(0); off < size; off += mincoreWindow {
+		n := min(size-off, mincoreWindow)
+		r, err := residentRange(int(f.Fd()), off, n, page)
+		if err != nil {
+			return 0, size, fmt.Errorf("residency of %s: %w", path, err)
+		}
+		resident += r
+	}
+	return min(resident, size), size, nil
+}
+
+// residentRange counts the resident bytes of [off, off+n); off is a
+// multiple of the page size. The last page counts whole, so the caller
+// caps the total at the file's size.
+func residentRange(fd int, off, n, page int64) (int64, error) {
+	m, err := unix.Mmap(fd, off, int(n), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("mmap: %w", err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (n+page-1)/page)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		return 0, fmt.Errorf("mincore: %w", e)
+	}
+	var pages int64
+	for _, v := range vec {
+		pages += int64(v & 1)
+	}
+	return pages * page, nil
+}
+
+// Warm reads the file at path into the page cache, a Chunk at a time, at
+// idle I/O priority, and returns when every chunk was asked for (the
+// reads may still complete after it returns) or ctx ended. Pages already
+// resident cost the kernel a lookup only, so warming a warm file again
+// is cheap.
+func Warm(ctx context.Context, path string) error {
+	done := make(chan error, 1)
+	go func() {
+		// The thread's I/O priority is its own: the thread is never
+		// unlocked, so it exits with this goroutine and the idle
+		// priority reaches no other goroutine.
+		runtime.LockOSThread()
+		done <- warm(ctx, path)
+	}()
+	return <-done
+}
+
+func warm(ctx context.Context, path string) error {
+	// Best effort: without the idle class (a kernel or scheduler
+	// without it) warming still runs, at the default priority.
+	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, ioprioClassIdle<<ioprioClassShift)
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	var buf []byte // for a filesystem without readahead(2)
+	for off := int64(0); off < fi.Size(); off += Chunk {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(fi.Size()-off, Chunk)
+		if buf == nil {
+			_, _, e := unix.Syscall(unix.SYS_READAHEAD, f.Fd(), uintptr(off), uintptr(n))
+			if e != unix.EINVAL {
+				if e != 0 {
+					return fmt.Errorf("readahead %s: %w", path, e)
+				}
+				continue
+			}
+			buf = make([]byte, Chunk)
+		}
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			return fmt.Errorf("read %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// Drop asks the kernel to drop the file's clean pages from the page
+// cache. Pages another process has mapped, or dirty ones, stay.
+func Drop(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		return fmt.Errorf("fadvise %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+//go:build linux
+
+package pagecache
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// weights writes a file of size bytes (not a multiple of the page size)
+// and syncs it, so that its pages are clean and Drop can drop them.
+func weights(t *testing.T, size int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "w.safetensors")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	if _, err := f.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func resident(t *testing.T, path string) int64 {
+	t.Helper()
+	r, _, err := Resident(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// The file napd warms is counted resident; the test evicts it and the
+// count falls. A kernel (or filesystem: tmpfs) that keeps the pages is
+// told in the log, and the count must then still be the whole file.
+func TestWarmDropResident(t *testing.T) {
+	const size = 3*Chunk + 12345
+	path := weights(t, size)
+	r, got, err := Resident(path)
+	if err != nil || got != size || r < 0 || r > size {
+		t.Fatalf("Resident = %d of %d, %v; want 0..%d of %d", r, got, err, size, size)
+	}
+	if err := Drop(path); err != nil {
+		t.Fatal(err)
+	}
+	dropped := resident(t, path)
+	if dropped == size {
+		t.Logf("the kernel kept all %d bytes after POSIX_FADV_DONTNEED: eviction not observable here", size)
+	}
+	if err := Warm(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	// readahead returns once the reads are queued: wait for them, bounded.
+	deadline := time.Now().Add(10 * time.Second)
+	for resident(t, path) < size && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r := resident(t, path); r != size {
+		t.Fatalf("after Warm %d of %d bytes resident (after Drop: %d)", r, size, dropped)
+	}
+	if err := Drop(path); err != nil {
+		t.Fatal(err)
+	}
+	if after := resident(t, path); dropped < size && after >= size {
+		t.Fatalf("after the second Drop %d of %d bytes resident; the first dropped to %d", after, size, dropped)
+	}
+}
+
+func TestWarmCancelled(t *testing.T) {
+	path := weights(t, 2*Chunk)
+	if err := Drop(path); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Warm(ctx, path); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Warm(cancelled) = %v, want context.Canceled", err)
+	}
+}
+
+func TestEmptyAndMissing(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r, size, err := Resident(empty); err != nil || r != 0 || size != 0 {
+		t.Fatalf("Resident(empty) = %d, %d, %v", r, size, err)
+	}
+	if err := Warm(context.Background(), empty); err != nil {
+		t.Fatalf("Warm(empty) = %v", err)
+	}
+	missing := filepath.Join(t.TempDir(), "missing")
+	if _, _, err := Resident(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Resident(missing) = %v", err)
+	}
+	if err := Warm(context.Background(), missing); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Warm(missing) = %v", err)
+	}
+	if err := Drop(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Drop(missing) = %v", err)
+	}
+}
