@@ -8,11 +8,9 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/control"
-	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/gateway"
-	"github.com/napd/napd/request"
 )
 
 // The Agent is the control API's Controller.
@@ -101,7 +99,7 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(control.Pro
 	events, cancel := a.hub.Subscribe()
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- admitOnce(ctx, m, "napctl") }()
+	go func() { done <- m.AdmitOnce(ctx, "napctl") }()
 	for {
 		select {
 		case err := <-done:
@@ -121,17 +119,6 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(control.Pro
 			}
 		}
 	}
-}
-
-// admitOnce is an arrival with no request behind it (napctl wake, a
-// router API load, a warm wake): it holds a lease while the model wakes,
-// so the planner leaves it alone, and ends it once admitted.
-func admitOnce(ctx context.Context, m *model.Model, client string) error {
-	t, err := m.Admit(ctx, lease.Request{Model: m.Name(), Client: client, Kind: request.Other})
-	if err == nil {
-		t.Done(gateway.Outcome{})
-	}
-	return err
 }
 
 // Sleep implements control.Controller. An operator sleep drains live

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/user"
 	"time"
 
 	"github.com/napd/napd/agent/config"
@@ -87,7 +85,7 @@ func (a *Agent) planRegistry(cfg *config.Config, old *registry) (*registryPlan, 
 		if fresh {
 			p.allocate[mc.Name] = port
 		}
-		p.specs[mc.Name] = specOf(mc, port)
+		p.specs[mc.Name] = model.SpecOf(mc, port)
 	}
 	return p, nil
 }
@@ -172,66 +170,6 @@ func (a *Agent) portFor(mc *config.Model, prev *model.Model) (port int, fresh bo
 		return 0, false, fmt.Errorf("model %s: allocate a port: %w", mc.Name, err)
 	}
 	return p, true, nil
-}
-
-// specOf builds the supervisor's spec for a model on port.
-func specOf(mc *config.Model, port int) supervisor.Spec {
-	var cmd []string
-	var env map[string]string
-	if len(mc.Command) > 0 || len(mc.Environment) > 0 {
-		cmd, env = mc.ExpandPort(port)
-	}
-	spec := supervisor.Spec{
-		Model:            mc.Name,
-		Command:          cmd,
-		Unit:             mc.Unit,
-		Port:             port,
-		Environment:      env,
-		GPUs:             mc.GPUs,
-		WorkingDirectory: mc.WorkingDirectory,
-		Health:           mc.Health,
-		Sleep:            mc.Sleep,
-		StopTimeout:      mc.StopTimeout,
-	}
-	if spec.Container = containerOf(mc, port); spec.Container == nil {
-		spec.User = engineUser(mc.User)
-	}
-	return spec
-}
-
-// containerOf is the container a model's engine runs in on port; nil for a
-// model without an image.
-func containerOf(mc *config.Model, port int) *supervisor.Container {
-	if mc.Image == "" {
-		return nil
-	}
-	return &supervisor.Container{
-		Runtime: mc.ContainerRuntime,
-		Program: mc.ContainerProgram,
-		Image:   config.ExpandPortIn([]string{mc.Image}, port)[0],
-		Volumes: config.ExpandPortIn(mc.Volumes, port),
-		Args:    config.ExpandPortIn(mc.ContainerArgs, port),
-		Pull:    mc.Pull,
-		Port:    mc.ContainerPort,
-	}
-}
-
-// DefaultEngineUser is the account engines run as when a model sets no
-// user and napd runs as root: the package creates it (sysusers.d), so an
-// engine does not get root's power by default.
-const DefaultEngineUser = "napd-engine"
-
-// engineUser is the user an engine runs as: the model's, else
-// DefaultEngineUser when napd is root and that account exists, else napd's
-// own (a developer running napd as themselves).
-func engineUser(configured string) string {
-	if configured != "" || os.Geteuid() != 0 {
-		return configured
-	}
-	if _, err := user.Lookup(DefaultEngineUser); err == nil {
-		return DefaultEngineUser
-	}
-	return ""
 }
 
 // Reload re-reads the config file. Everything the new config needs (log
@@ -321,7 +259,7 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 		if holders := g.agent().desk.WaitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders
 		}
-		routerInfo(&info, s)
+		s.RouterInfo(&info)
 		out = append(out, info)
 	}
 	for _, m := range reg.remotes {

@@ -134,6 +134,8 @@ type Model struct {
 	stop chan struct{} // closed (once, by Shutdown) to end the loop
 	quit chan struct{} // closed when the loop has ended
 	once sync.Once
+	// loading: a router API load (Load) is under way.
+	loading atomic.Bool
 	// opMu serialises the supervisor calls for this model: a wake the
 	// machine gave up on may still be finishing (or cleaning up) when the
 	// next attempt starts.
