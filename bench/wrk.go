@@ -395,8 +395,8 @@ llama-server:
 - Until issue 30 napd ran its own HTTP/1.1 server and engine client
   (` + "`internal/h1`" + `, up to c16f7c7): each request read, forwarded and
   answered on its connection's goroutine, with raw system calls. On the
-  bench engine, whose answer costs microseconds, that bought 30-100 µs
-  per request; on llama-server the whole stack measured 9-15 % more
+  bench engine, whose answer costs microseconds, that bought 90-150 µs
+  of median per request and twice the throughput at 32 connections; on llama-server the whole stack measured 9-15 % more
   throughput at 4 connections than this tree in two interleaved runs
   (and 0.2-0.4 ms of median), and a synchronous engine client on
   net/http's own request writer and answer parser in place of the
