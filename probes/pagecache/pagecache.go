@@ -40,9 +40,12 @@ const (
 	ioprioClassShift = 13
 )
 
+// Cache is the host's page cache. Its zero value is ready.
+type Cache struct{}
+
 // Resident returns how many bytes of the file at path are in the page
 // cache, and its size.
-func Resident(path string) (resident, size int64, err error) {
+func (Cache) Resident(path string) (resident, size int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, 0, err
@@ -90,7 +93,7 @@ func residentRange(fd int, off, n, page int64) (int64, error) {
 // reads may still complete after it returns) or ctx ended. Pages already
 // resident cost the kernel a lookup only, so warming a warm file again
 // is cheap.
-func Warm(ctx context.Context, path string) error {
+func (Cache) Warm(ctx context.Context, path string) error {
 	done := make(chan error, 1)
 	go func() {
 		// The thread's I/O priority is its own: the thread is never
@@ -140,7 +143,7 @@ func warm(ctx context.Context, path string) error {
 
 // Drop asks the kernel to drop the file's clean pages from the page
 // cache. Pages another process has mapped, or dirty ones, stay.
-func Drop(path string) error {
+func (Cache) Drop(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
