@@ -727,6 +727,9 @@ type modelNapd struct {
 	AliasOf     string   `json:"alias_of,omitempty"`
 	RoomWaiting int      `json:"room_waiting,omitempty"`
 	WaitingFor  string   `json:"waiting_for,omitempty"`
+	// Weights and WeightsResident: only for a model with weight files.
+	Weights         int64  `json:"weights_bytes,omitempty"`
+	WeightsResident *int64 `json:"weights_resident_bytes,omitempty"`
 }
 
 // entry is m's /v1/models entry or, when alias is not "", the entry of
@@ -736,6 +739,9 @@ func (c *call) entry(m ModelInfo, alias string) modelEntry {
 		ID: m.Name, Object: "model", Created: c.g.created, OwnedBy: "napd",
 		Napd:   modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases, RoomWaiting: m.RoomWaiting, WaitingFor: m.WaitingFor},
 		Status: c.status(m),
+	}
+	if m.Weights > 0 {
+		e.Napd.Weights, e.Napd.WeightsResident = m.Weights, &m.WeightsResident
 	}
 	if alias != "" {
 		e.ID, e.Napd.AliasOf, e.Napd.Aliases = alias, m.Name, nil

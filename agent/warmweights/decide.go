@@ -145,4 +145,10 @@ func drops(order []Candidate, all bool, short int64) []string {
 	return out
 }
 
-func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+// gib is a size for logs and notes: GiB, or MiB below one.
+func gib(b int64) string {
+	if b < 1<<30 {
+		return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+}
