@@ -58,6 +58,9 @@ func main() {
 	flag.BoolVar(&o.swapsOnly, "swaps-only", false, "run only the swap workload and print its figures")
 	flag.IntVar(&o.interactive, "interactive", 12, "interactive requests per run of the priorities workload")
 	flag.BoolVar(&o.prioritiesOnly, "priorities-only", false, "run only the priorities workload and print its figures")
+	flag.BoolVar(&o.warmOnly, "warm-only", false, "run only the warm-weights workload and print its figures")
+	flag.Int64Var(&o.warmSize, "warm-size", 2<<30, "warm-weights workload: bytes of each model's weights file")
+	flag.StringVar(&o.warmDir, "warm-dir", "", "warm-weights workload: directory on the disk to measure (empty: the temporary directory; not a tmpfs)")
 	flag.BoolVar(&o.wrkOnly, "wrk-only", false, "run only the wrk comparisons (the real engine's too) and print their figures")
 	flag.BoolVar(&o.realOnly, "real-only", false, "run only the real-engine comparison and print its figures")
 	flag.StringVar(&o.llamaServer, "llama-server", "", "llama.cpp's llama-server binary: the real-engine comparison runs on it (with -gguf)")
@@ -88,6 +91,14 @@ func main() {
 	}
 }
 
+// stepper prints a step's name and, when the returned func is called,
+// how long it took.
+func stepper(name string) func() {
+	fmt.Fprintf(os.Stderr, "bench: %s…", name)
+	t := time.Now()
+	return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
+}
+
 // options are the driver's flags.
 type options struct {
 	bin            string
@@ -101,6 +112,9 @@ type options struct {
 	swapsOnly      bool
 	interactive    int
 	prioritiesOnly bool
+	warmOnly       bool
+	warmSize       int64
+	warmDir        string
 	wrkOnly        bool
 	realOnly       bool
 	llamaServer    string
@@ -109,16 +123,23 @@ type options struct {
 }
 
 func run(o options) error {
+	if o.warmOnly {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		f, err := runWarm(ctx, o, stepper)
+		if err != nil {
+			return err
+		}
+		var b strings.Builder
+		f.markdown(&b)
+		fmt.Print(b.String())
+		return nil
+	}
 	if o.prioritiesOnly {
 		r := &report{}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		step := func(name string) func() {
-			fmt.Fprintf(os.Stderr, "bench: %s…", name)
-			t := time.Now()
-			return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
-		}
-		if err := r.runPriorityRuns(ctx, o, step); err != nil {
+		if err := r.runPriorityRuns(ctx, o, stepper); err != nil {
 			return err
 		}
 		var b strings.Builder
@@ -189,11 +210,7 @@ func run(o options) error {
 	direct := fmt.Sprintf("http://127.0.0.1:%d%s", n.engines["proxy"], chatPath)
 	viaNapd := "http://" + n.addr + chatPath
 
-	step := func(name string) func() {
-		fmt.Fprintf(os.Stderr, "bench: %s…", name)
-		t := time.Now()
-		return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
-	}
+	step := stepper
 
 	if !o.realOnly {
 		done := step("wrk: direct, nginx, the Go proxies, napd")
@@ -316,6 +333,9 @@ func run(o options) error {
 	}
 	if err := r.runPriorityRuns(ctx, o, step); err != nil {
 		return err
+	}
+	if r.warm, err = runWarm(ctx, o, step); err != nil {
+		return fmt.Errorf("warm weights: %w", err)
 	}
 
 	md := r.markdown()

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/napd/napd/probes/pagecache"
+)
+
+// The warm-weights workload (docs/memory.md#weights-kept-warm): a stopped
+// napd-demo-engine model whose --load-file weights were evicted from the
+// page cache (POSIX_FADV_DONTNEED) against one whose weights napd kept
+// warm, woken by a request, in alternating rounds; and a request stream to
+// an awake model with and without warming running beside it.
+const (
+	warmRounds  = 5
+	streamRound = 3 * time.Second
+)
+
+// warmFigures are the workload's figures.
+type warmFigures struct {
+	size           int64
+	workers        int
+	load           string
+	cold, warm     []time.Duration // wake, request sent to answer
+	rewarm         []time.Duration // from the eviction to napd's warm being resident
+	quiet, warming []float64       // requests per second of the stream
+}
+
+// writeWeights writes size bytes of random data (no holes: every byte is
+// read from the disk) to dir/w.bin and syncs it.
+func writeWeights(dir string, size int64) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "w.bin")
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	buf := make([]byte, 4<<20)
+	for n := int64(0); n < size; n += int64(len(buf)) {
+		_, _ = rand.Read(buf)
+		if _, err := f.Write(buf[:min(int64(len(buf)), size-n)]); err != nil {
+			return "", err
+		}
+	}
+	return path, f.Sync()
+}
+
+// startWarmNapd starts a napd with warm_weights = budget and one model
+// per weights directory (named as it), each a napd-demo-engine reading its
+// weights at start, and "chat", answering at once.
+func startWarmNapd(binDir, budget string, dirs ...string) (*napd, error) {
+	n, err := newNapd("napd", "napd-bench-warm-")
+	if err != nil {
+		return nil, err
+	}
+	engine := filepath.Join(binDir, "napd-demo-engine")
+	var cfg strings.Builder
+	cfg.WriteString(n.baseConfig("2m"))
+	cfg.WriteString(benchPolicy)
+	fmt.Fprintf(&cfg, "warm_weights = %q\n", budget)
+	for _, dir := range append(dirs, "") {
+		name, load := "chat", ""
+		if dir != "" {
+			name, load = filepath.Base(dir), fmt.Sprintf(", \"--load-file\", %q", dir)
+		}
+		fmt.Fprintf(&cfg, "\n[models.%s]\ncommand = [%q, \"--port\", \"${PORT}\", \"--model\", %q, \"--ttft\", \"0\", \"--tokens-per-second\", \"0\"%s]\nsleep = \"stop\"\n",
+			name, engine, name, load)
+		if dir != "" {
+			fmt.Fprintf(&cfg, "weights = [%q]\n", dir)
+		}
+	}
+	if err := n.launch(binDir, cfg.String(), nil); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func resident(path string) int64 {
+	r, _, _ := pagecache.Cache{}.Resident(path)
+	return r
+}
+
+// wakeOnce stops model, evicts its weights and, with warm, waits until
+// napd has read them in again (its residency check, within Recheck), then
+// times a request that wakes it.
+func wakeOnce(ctx context.Context, n *napd, model, weights string, size int64, warm bool) (wake, rewarm time.Duration, err error) {
+	if err := n.sleepModel(ctx, model); err != nil {
+		return 0, 0, fmt.Errorf("sleep %s: %w", model, err)
+	}
+	if err := (pagecache.Cache{}).Drop(weights); err != nil {
+		return 0, 0, err
+	}
+	evicted := time.Now()
+	if warm {
+		for resident(weights) < size {
+			if time.Since(evicted) > 2*time.Minute {
+				return 0, 0, fmt.Errorf("napd did not warm %s within 2m (%d of %d bytes resident)", model, resident(weights), size)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rewarm = time.Since(evicted)
+	}
+	start := time.Now()
+	if err := post(ctx, client(), "http://"+n.addr+chatPath, small(model)); err != nil {
+		return 0, 0, fmt.Errorf("wake %s: %w", model, err)
+	}
+	return time.Since(start), rewarm, nil
+}
+
+// runWarm measures the workload with weights of size bytes.
+func runWarm(ctx context.Context, o options, step func(string) func()) (*warmFigures, error) {
+	dir, err := os.MkdirTemp(o.warmDir, "napd-bench-weights-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	f := &warmFigures{size: o.warmSize, workers: o.workers, load: describeMachine().load}
+	done := step(fmt.Sprintf("warm weights: writing 2 × %s", gibStr(o.warmSize)))
+	coldDir, warmDir := filepath.Join(dir, "cold"), filepath.Join(dir, "warm")
+	coldFile, err := writeWeights(coldDir, o.warmSize)
+	if err != nil {
+		return nil, err
+	}
+	warmFile, err := writeWeights(warmDir, o.warmSize)
+	if err != nil {
+		return nil, err
+	}
+	done()
+	// Two napds: one that keeps nothing warm, one that does (its
+	// keeper would warm the evicted model's weights too).
+	off, err := startWarmNapd(o.bin, "off", coldDir)
+	if err != nil {
+		return nil, err
+	}
+	defer off.stop()
+	auto, err := startWarmNapd(o.bin, "auto", warmDir)
+	if err != nil {
+		return nil, err
+	}
+	defer auto.stop()
+	for _, w := range []struct {
+		n     *napd
+		model string
+	}{{off, "cold"}, {auto, "warm"}, {auto, "chat"}} {
+		if err := post(ctx, client(), "http://"+w.n.addr+chatPath, small(w.model)); err != nil {
+			return nil, fmt.Errorf("first wake of %s: %w", w.model, err)
+		}
+	}
+	done = step(fmt.Sprintf("warm weights: %d alternating wakes", 2*warmRounds))
+	for range warmRounds {
+		d, _, err := wakeOnce(ctx, off, "cold", coldFile, o.warmSize, false)
+		if err != nil {
+			return nil, err
+		}
+		f.cold = append(f.cold, d)
+		d, rw, err := wakeOnce(ctx, auto, "warm", warmFile, o.warmSize, true)
+		if err != nil {
+			return nil, err
+		}
+		f.warm, f.rewarm = append(f.warm, d), append(f.rewarm, rw)
+	}
+	done()
+	done = step("warm weights: request stream with and without warming")
+	url := "http://" + auto.addr + chatPath
+	for range 3 {
+		rate, err := measureThroughput(ctx, url, small("chat"), o.workers, streamRound)
+		if err != nil {
+			return nil, err
+		}
+		f.quiet = append(f.quiet, rate)
+		// The warming napd runs (pagecache.Warm at idle I/O priority),
+		// over and over on an evicted file for the whole round.
+		wctx, stop := context.WithCancel(ctx)
+		warmed := make(chan struct{})
+		go func() {
+			defer close(warmed)
+			for wctx.Err() == nil {
+				_ = pagecache.Cache{}.Drop(coldFile)
+				_ = pagecache.Cache{}.Warm(wctx, coldFile)
+			}
+		}()
+		rate, err = measureThroughput(ctx, url, small("chat"), o.workers, streamRound)
+		stop()
+		<-warmed
+		if err != nil {
+			return nil, err
+		}
+		f.warming = append(f.warming, rate)
+	}
+	done()
+	return f, nil
+}
+
+func gibStr(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+func median(ds []time.Duration) time.Duration { return summarize(ds).median }
+
+func meanRate(xs []float64) float64 {
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
+}
+
+// warmMarkdown renders the workload's section.
+func (f *warmFigures) markdown(b *strings.Builder) {
+	cold, warm := median(f.cold), median(f.warm)
+	speedup := float64(cold) / float64(warm)
+	quiet, warming := meanRate(f.quiet), meanRate(f.warming)
+	slowdown := 100 * (1 - warming/quiet)
+	fmt.Fprintf(b, `
+## Weights kept warm
+
+A stopped napd-demo-engine model reading %s of weights at start
+(`+"`--load-file`"+`) is woken by a request: its weights evicted from the page
+cache (`+"`POSIX_FADV_DONTNEED`"+`, under a napd with `+"`warm_weights = \"off\"`"+`)
+against kept warm by napd (evicted the same way, then read in again by
+napd's residency check), %d alternating rounds, load average %s at the
+start. Then a request stream to an awake model (%d workers, %s rounds, 3
+each) with and without napd's warming (`+"`pagecache.Warm`"+`, idle I/O
+priority, on an evicted %s file over and over) running beside it.
+
+| wake | median | each round |
+|---|---|---|
+| weights evicted | %s | %s |
+| weights kept warm | %s | %s |
+
+napd read the evicted weights in again %s (median) after the eviction.
+
+| request stream | requests/s (mean of 3) |
+|---|---|
+| nothing else | %.0f |
+| warming beside it | %.0f |
+
+- goal: warm wake ≥ 3x faster: **%.1fx**, %s
+- goal: warming slows the stream by ≤ 5 %%: **%.1f %%**, %s
+`, gibStr(f.size), warmRounds, f.load, f.workers, streamRound, gibStr(f.size),
+		ms(cold), msList(f.cold), ms(warm), msList(f.warm), ms(median(f.rewarm)),
+		quiet, warming, speedup, met(speedup >= 3), slowdown, met(slowdown <= 5))
+}
+
+func msList(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = ms(d)
+	}
+	return strings.Join(parts, ", ")
+}
