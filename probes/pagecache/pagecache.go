@@ -31,7 +31,7 @@ const Chunk = 8 << 20
 // 25 MiB vector.
 const mincoreWindow = 1 << 30
 
-// ioprio_set(2)'s constants (linux/ioprio.h). x/sys has only the syscall
+// ioprio_get(2) and ioprio_set(2)'s constants (linux/ioprio.h). x/sys has only the syscall
 // numbers of ioprio_set, mincore and readahead (the build is for 64-bit
 // Linux: readahead's offset is one register).
 const (
@@ -94,21 +94,24 @@ func residentRange(fd int, off, n, page int64) (int64, error) {
 // resident cost the kernel a lookup only, so warming a warm file again
 // is cheap.
 func (Cache) Warm(ctx context.Context, path string) error {
-	done := make(chan error, 1)
-	go func() {
-		// The thread's I/O priority is its own: the thread is never
-		// unlocked, so it exits with this goroutine and the idle
-		// priority reaches no other goroutine.
-		runtime.LockOSThread()
-		done <- warm(ctx, path)
-	}()
-	return <-done
+	// The I/O priority is the thread's: it is set on a locked thread and
+	// put back before the thread is unlocked. The thread must not be
+	// left to exit instead: an engine the exec supervisor forked from it
+	// would get its Pdeathsig.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	old, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0)
+	if e == 0 {
+		// Best effort: without the idle class (a kernel without it)
+		// warming still runs, at the thread's priority.
+		if _, _, e := unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, ioprioClassIdle<<ioprioClassShift); e == 0 {
+			defer unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, old)
+		}
+	}
+	return warm(ctx, path)
 }
 
 func warm(ctx context.Context, path string) error {
-	// Best effort: without the idle class (a kernel or scheduler
-	// without it) warming still runs, at the default priority.
-	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, ioprioClassIdle<<ioprioClassShift)
 	f, err := os.Open(path)
 	if err != nil {
 		return err

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // weights writes a file of size bytes (not a multiple of the page size)
@@ -115,5 +118,22 @@ func TestEmptyAndMissing(t *testing.T) {
 	}
 	if err := c.Drop(missing); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("Drop(missing) = %v", err)
+	}
+}
+
+// Warm leaves the calling thread's I/O priority as it was.
+func TestWarmRestoresIOPriority(t *testing.T) {
+	path := weights(t, Chunk)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0)
+	if e != 0 {
+		t.Skipf("ioprio_get: %v", e)
+	}
+	if err := c.Warm(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	if after, _, _ := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0); after != before {
+		t.Fatalf("I/O priority %#x after Warm, %#x before", after, before)
 	}
 }
