@@ -201,7 +201,7 @@ func Run(ctx context.Context, opts Options) error {
 	})
 
 	a.weights = warmweights.New(warmweights.Deps{Models: a.snapshots, Config: a.cfg.Load, Host: a.prober.Host,
-		Cache: pagecache.Cache{}, Clock: a.clock, Log: log})
+		Cache: pagecache.Cache{Rate: warmweights.Rate}, Clock: a.clock, Log: log})
 
 	plan, err := a.planRegistry(cfg, nil)
 	if err != nil {

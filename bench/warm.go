@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/napd/napd/agent/warmweights"
 	"github.com/napd/napd/probes/pagecache"
 )
 
@@ -181,7 +182,7 @@ func runWarm(ctx context.Context, o options, step func(string) func()) (*warmFig
 		start := time.Now()
 		go func() {
 			defer stop()
-			if (pagecache.Cache{}).Warm(wctx, coldFile) != nil {
+			if (pagecache.Cache{Rate: warmweights.Rate}).Warm(wctx, coldFile) != nil {
 				return
 			}
 			for wctx.Err() == nil && resident(coldFile) < o.warmSize {
@@ -231,8 +232,8 @@ cache (`+"`POSIX_FADV_DONTNEED`"+`, under a napd with `+"`warm_weights = \"off\"
 against kept warm by napd (evicted the same way, then read in again by
 napd's residency check), %d alternating rounds, load average %s at the
 start. Then a request stream to an awake model (%d workers) while napd's
-warming (`+"`pagecache.Warm`"+`, idle I/O priority, in the bench process) reads
-an evicted %s file in, against a round as long without it, %d of each.
+warming (`+"`pagecache.Warm`"+` at idle I/O and CPU priority, paced to %s/s as
+napd paces it, in the bench process) reads an evicted %s file in, against a round as long without it, %d of each.
 
 | wake | median | each round |
 |---|---|---|
@@ -248,7 +249,7 @@ napd read the evicted weights in again %s (median) after the eviction.
 
 - goal: warm wake ≥ 3x faster: **%.1fx**, %s
 - goal: warming slows the stream by ≤ 5 %%: **%.1f %%**, %s
-`, gibStr(f.size), warmRounds, f.load, f.workers, gibStr(f.size), warmRounds,
+`, gibStr(f.size), warmRounds, f.load, f.workers, fmt.Sprintf("%d MiB", warmweights.Rate>>20), gibStr(f.size), warmRounds,
 		ms(cold), msList(f.cold), ms(warm), msList(f.warm), ms(median(f.rewarm)),
 		warmRounds, quiet, rateList(f.quiet), msList(f.warmTook), warming, rateList(f.warming), speedup, met(speedup >= 3), slowdown, met(slowdown <= 5))
 }

@@ -18,6 +18,12 @@ import (
 // state: what the kernel evicted since is warmed again then.
 const Recheck = 30 * time.Second
 
+// Rate paces napd's warming (pagecache.Cache's Rate): 2 GiB in about ten
+// seconds, 140 GiB in twelve minutes, once per stop. At the disk's full
+// speed the kernel's work of reading in slowed a request stream on a busy
+// 2-CPU host by a third (docs/bench.md#weights-kept-warm).
+const Rate = 200 << 20
+
 // Cache is the page cache (probes/pagecache in napd).
 type Cache interface {
 	Resident(path string) (resident, size int64, err error)

@@ -4,11 +4,12 @@
 // much of them is resident, and drops them from it: napd keeps a sleeping
 // model's weight files warm so that its next wake reads them from RAM.
 //
-// Warming runs at idle I/O priority (IOPRIO_CLASS_IDLE), so that it only
-// uses the disk when nothing else does; residency is mincore(2) over a
+// Warming runs at idle I/O priority (IOPRIO_CLASS_IDLE) and idle CPU
+// priority (SCHED_IDLE), so that it only uses the disk and the CPU when
+// nothing else does; residency is mincore(2) over a
 // read-only mapping, which maps no page in; Drop is
 // posix_fadvise(POSIX_FADV_DONTNEED), which drops only clean pages no
-// process has mapped. It owns no goroutine beyond a call's own.
+// process has mapped. It owns no goroutine.
 package pagecache
 
 import (
@@ -16,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -41,7 +43,13 @@ const (
 )
 
 // Cache is the host's page cache. Its zero value is ready.
-type Cache struct{}
+type Cache struct {
+	// Rate paces Warm, in bytes per second (0: as fast as the disk):
+	// the kernel's share of reading a file in (page allocation, I/O
+	// completion) is CPU that no priority keeps from a busy host's
+	// requests, so it is spread thin.
+	Rate int64
+}
 
 // Resident returns how many bytes of the file at path are in the page
 // cache, and its size.
@@ -88,30 +96,39 @@ func residentRange(fd int, off, n, page int64) (int64, error) {
 	return pages * page, nil
 }
 
-// Warm reads the file at path into the page cache, a Chunk at a time, at
-// idle I/O priority, and returns when every chunk was asked for (the
+// Warm reads the file at path into the page cache, a Chunk at a time
+// (paced to Rate), at idle I/O and CPU priority, and returns when every chunk was asked for (the
 // reads may still complete after it returns) or ctx ended. Pages already
 // resident cost the kernel a lookup only, so warming a warm file again
 // is cheap.
-func (Cache) Warm(ctx context.Context, path string) error {
-	// The I/O priority is the thread's: it is set on a locked thread and
-	// put back before the thread is unlocked. The thread must not be
-	// left to exit instead: an engine the exec supervisor forked from it
-	// would get its Pdeathsig.
+func (c Cache) Warm(ctx context.Context, path string) error {
+	// I/O and CPU priorities are the thread's: they are set on a locked
+	// thread and put back before the thread is unlocked. The thread must
+	// not be left to exit instead: an engine the exec supervisor forked
+	// from it would get its Pdeathsig.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	// Best effort, both: without them warming still runs, at the
+	// thread's priorities. SCHED_IDLE because readahead allocates and
+	// inserts the pages on the calling thread: CPU that a request on a
+	// busy host should have first.
 	old, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0)
 	if e == 0 {
-		// Best effort: without the idle class (a kernel without it)
-		// warming still runs, at the thread's priority.
 		if _, _, e := unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, ioprioClassIdle<<ioprioClassShift); e == 0 {
 			defer unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, old)
 		}
 	}
-	return warm(ctx, path)
+	if sched, err := unix.SchedGetAttr(0, 0); err == nil {
+		idle := *sched
+		idle.Policy, idle.Nice, idle.Priority = unix.SCHED_IDLE, 0, 0
+		if unix.SchedSetAttr(0, &idle, 0) == nil {
+			defer unix.SchedSetAttr(0, sched, 0)
+		}
+	}
+	return c.warm(ctx, path)
 }
 
-func warm(ctx context.Context, path string) error {
+func (c Cache) warm(ctx context.Context, path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -122,7 +139,15 @@ func warm(ctx context.Context, path string) error {
 		return err
 	}
 	var buf []byte // for a filesystem without readahead(2)
+	start := time.Now()
 	for off := int64(0); off < fi.Size(); off += Chunk {
+		if c.Rate > 0 {
+			due := start.Add(time.Duration(float64(off) / float64(c.Rate) * float64(time.Second)))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Until(due)):
+			}
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}

@@ -121,7 +121,7 @@ func TestEmptyAndMissing(t *testing.T) {
 	}
 }
 
-// Warm leaves the calling thread's I/O priority as it was.
+// Warm leaves the calling thread's I/O and CPU priorities as they were.
 func TestWarmRestoresIOPriority(t *testing.T) {
 	path := weights(t, Chunk)
 	runtime.LockOSThread()
@@ -130,10 +130,34 @@ func TestWarmRestoresIOPriority(t *testing.T) {
 	if e != 0 {
 		t.Skipf("ioprio_get: %v", e)
 	}
+	sched, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		t.Skipf("sched_getattr: %v", err)
+	}
 	if err := c.Warm(context.Background(), path); err != nil {
 		t.Fatal(err)
 	}
 	if after, _, _ := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0); after != before {
 		t.Fatalf("I/O priority %#x after Warm, %#x before", after, before)
+	}
+	if after, err := unix.SchedGetAttr(0, 0); err != nil || after.Policy != sched.Policy || after.Nice != sched.Nice {
+		t.Fatalf("scheduling %+v, %v after Warm; %+v before", after, err, sched)
+	}
+}
+
+// A paced warm takes at least size/Rate (the pacing's lower bound, not a
+// timing) and still reads the whole file in.
+func TestWarmPaced(t *testing.T) {
+	path := weights(t, 3*Chunk)
+	if err := c.Drop(path); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := (Cache{Rate: 10 * Chunk}).Warm(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	// The third chunk is asked for at 2 Chunks / Rate.
+	if took := time.Since(start); took < 200*time.Millisecond {
+		t.Fatalf("warm took %v, faster than the rate allows", took)
 	}
 }
