@@ -138,7 +138,15 @@ func (c Cache) warm(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	var buf []byte // for a filesystem without readahead(2)
+	// readahead(2) is a hint: it reads at most the device's readahead
+	// window or I/O size per call (read_ahead_kb, max_sectors_kb) and
+	// skips pages it cannot allocate at once. A chunk it left short is
+	// read with pread, which reads it all; so is every chunk on a
+	// filesystem without readahead (EINVAL).
+	var buf []byte
+	noReadahead := false
+	page := int64(os.Getpagesize())
+	fd := int(f.Fd())
 	start := time.Now()
 	for off := int64(0); off < fi.Size(); off += Chunk {
 		if c.Rate > 0 {
@@ -152,14 +160,25 @@ func (c Cache) warm(ctx context.Context, path string) error {
 			return err
 		}
 		n := min(fi.Size()-off, Chunk)
-		if buf == nil {
-			_, _, e := unix.Syscall(unix.SYS_READAHEAD, f.Fd(), uintptr(off), uintptr(n))
-			if e != unix.EINVAL {
-				if e != 0 {
-					return fmt.Errorf("readahead %s: %w", path, e)
-				}
+		if !noReadahead {
+			_, _, e := unix.Syscall(unix.SYS_READAHEAD, uintptr(fd), uintptr(off), uintptr(n))
+			switch {
+			case e == unix.EINVAL:
+				noReadahead = true
+			case e != 0:
+				return fmt.Errorf("readahead %s: %w", path, e)
+			}
+		}
+		if !noReadahead {
+			r, err := residentRange(fd, off, n, page)
+			if err != nil {
+				return fmt.Errorf("residency of %s: %w", path, err)
+			}
+			if r >= n {
 				continue
 			}
+		}
+		if buf == nil {
 			buf = make([]byte, Chunk)
 		}
 		if _, err := f.ReadAt(buf[:n], off); err != nil {
