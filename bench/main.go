@@ -122,42 +122,31 @@ type options struct {
 	binB           string // "" = no A/B comparison
 }
 
+// alone runs one workload by itself, within timeout, and prints its
+// section.
+func alone(timeout time.Duration, measure func(context.Context) error, render func(*strings.Builder)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := measure(ctx); err != nil {
+		return err
+	}
+	var b strings.Builder
+	render(&b)
+	fmt.Print(b.String())
+	return nil
+}
+
 func run(o options) error {
-	if o.warmOnly {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-		defer cancel()
-		f, err := runWarm(ctx, o, stepper)
-		if err != nil {
-			return err
-		}
-		var b strings.Builder
-		f.markdown(&b)
-		fmt.Print(b.String())
-		return nil
-	}
-	if o.prioritiesOnly {
-		r := &report{}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		if err := r.runPriorityRuns(ctx, o, stepper); err != nil {
-			return err
-		}
-		var b strings.Builder
-		r.priorityMarkdown(&b)
-		fmt.Print(b.String())
-		return nil
-	}
-	if o.swapsOnly {
-		r := &report{swapClients: o.swapClients, swapEach: o.swapRequests}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := r.runSwaps(ctx, o, func(string) func() { return func() {} }); err != nil {
-			return err
-		}
-		var b strings.Builder
-		r.swapMarkdown(&b)
-		fmt.Print(b.String())
-		return nil
+	switch r := (&report{swapClients: o.swapClients, swapEach: o.swapRequests}); {
+	case o.warmOnly:
+		return alone(15*time.Minute, func(ctx context.Context) (err error) { r.warm, err = runWarm(ctx, o, stepper); return err },
+			func(b *strings.Builder) { r.warm.markdown(b) })
+	case o.prioritiesOnly:
+		return alone(10*time.Minute, func(ctx context.Context) error { return r.runPriorityRuns(ctx, o, stepper) }, r.priorityMarkdown)
+	case o.swapsOnly:
+		return alone(5*time.Minute, func(ctx context.Context) error {
+			return r.runSwaps(ctx, o, func(string) func() { return func() {} })
+		}, r.swapMarkdown)
 	}
 	// Thousands of streams need thousands of descriptors here, in napd
 	// (which inherits this limit) and in the engine.
