@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -41,10 +40,10 @@ import (
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/notify"
 	"github.com/napd/napd/agent/room"
+	"github.com/napd/napd/agent/servers"
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agent/usage"
 	"github.com/napd/napd/agent/warmweights"
-	"github.com/napd/napd/agentcheck"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
@@ -109,9 +108,8 @@ type Agent struct {
 	notify  *notify.Notifier
 	loops   sync.WaitGroup // model owner loops
 	helpers sync.WaitGroup // ticker, desk, status, engine events
-	// The router API's loads under way, and the bound on its event
-	// streams (every gateway's, across reloads).
-	loads   loads
+	// The bound on the router API's event streams (every gateway's,
+	// across reloads).
 	streams *gateway.StreamLimit
 }
 
@@ -246,7 +244,7 @@ func Run(ctx context.Context, opts Options) error {
 			a.notify.Stopping()
 			log.Info("napd stopping", "grace", opts.ShutdownGrace)
 			a.tellBalancers(srv, opts.ShutdownGrace)
-			srv.shutdown(opts.ShutdownGrace)
+			srv.Shutdown(opts.ShutdownGrace)
 			cancel()
 			a.stopModels()
 			a.saveUsage()
@@ -302,110 +300,35 @@ func (a *Agent) reconcile(ctx context.Context, models []*model.Model) {
 	}
 }
 
-// The metrics listener's bounds: open connections, and how long an idle
-// keep-alive one stays.
-const (
-	metricsConnections = 64
-	metricsIdle        = 75 * time.Second
-)
-
-// servers holds what serve started.
-type servers struct {
-	gateway []*http.Server
-	control *http.Server
-	// endControl cancels the control and admin requests' context: event
-	// followers (napctl events -f, /napd/v1/events) never end on their
-	// own, and Shutdown would wait the whole grace period for them.
-	endControl context.CancelFunc
-	metrics    *http.Server
-	agentCheck *agentcheck.Server // nil when haproxy_agent_listen is off
-	inherits   bool
-}
-
-// serve opens the listeners and starts the HTTP servers. Every request's
-// context is the agent's, so a shutdown reaches them all.
-func (a *Agent) serve(cfg *config.Config) (*servers, error) {
-	modelListen := make(map[string]string)
-	for _, m := range cfg.Models {
-		if m.Listen != "" {
-			modelListen[m.Name] = m.Listen
-		}
-	}
-	gls, mls, activated, err := gateway.Listeners(cfg.Gateway.Listen, modelListen)
-	if err != nil {
-		return nil, err
-	}
+// serve builds the gateway, opens the listeners and starts the HTTP
+// servers. Every request's context is the agent's, so a shutdown reaches
+// them all.
+func (a *Agent) serve(cfg *config.Config) (*servers.Servers, error) {
 	gw, err := a.newGateway(cfg)
 	if err != nil {
 		return nil, err
 	}
 	a.setGateway(gw)
-	s := &servers{inherits: activated}
-	newServer := func(h http.Handler) *http.Server {
-		return &http.Server{
-			Handler:           h,
-			ReadHeaderTimeout: 30 * time.Second,
-			BaseContext:       func(net.Listener) context.Context { return a.ctx },
-			ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
-		}
+	h := servers.Handlers{
+		Gateway: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			(*a.handler.Load()).ServeHTTP(w, r)
+		}),
+		Model: func(name string) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				a.modelHandler(name).ServeHTTP(w, r)
+			})
+		},
+		Control:    control.Handler(a, a.log),
+		AgentCheck: a.startAgentCheck,
 	}
-	// Client-facing servers: idle keep-alive connections are closed after
-	// keepalive_timeout, and all of them together hold at most
-	// max_connections descriptors.
-	conns := gateway.NewConnLimit(cfg.Gateway.MaxConnections, a.log.With("listener", "gateway", "key", "gateway.max_connections"))
-	newGateway := func(h http.Handler, l net.Listener, what string) {
-		srv := gateway.NewServer(h, gateway.ServerOptions{
-			KeepaliveTimeout: cfg.Gateway.KeepaliveTimeout,
-			BaseContext:      a.ctx,
-			Logger:           a.log.With("listener", what),
-		})
-		s.gateway = append(s.gateway, srv)
-		go a.serveOn(srv, conns.Listener(l), what)
-	}
-	gwHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		(*a.handler.Load()).ServeHTTP(w, r)
-	})
-	for _, l := range gls {
-		newGateway(gwHandler, l, "gateway")
-	}
-	for name, l := range mls {
-		model := name
-		newGateway(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			a.modelHandler(model).ServeHTTP(w, r)
-		}), l, "model "+name)
-	}
-	cl, err := control.Listen(cfg.Agent.ControlSocket)
-	if err != nil {
-		return nil, err
-	}
-	s.control = newServer(control.Handler(a, a.log))
-	s.control.BaseContext = func(net.Listener) context.Context { return a.ctrlCtx }
-	s.endControl = a.endControl
-	go a.serveOn(s.control, cl, "control")
 	if cfg.Agent.MetricsListen != "" {
-		ml, err := net.Listen("tcp", cfg.Agent.MetricsListen)
-		if err != nil {
-			return nil, fmt.Errorf("metrics_listen %s: %w", cfg.Agent.MetricsListen, err)
-		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics.Handler())
-		engines := &enginemetrics.Scraper{Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: metricsIdle}}}
+		engines := &enginemetrics.Scraper{Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: servers.MetricsIdle}}}
 		mux.Handle(metrics.EnginesPath, metrics.EnginesHandler(a.engineTargets, engines.Families, a.log.With("listener", "metrics")))
-		s.metrics = newServer(mux)
-		// A scraper needs few connections; a local user gets no more.
-		s.metrics.IdleTimeout = metricsIdle
-		limit := gateway.NewConnLimit(metricsConnections, a.log.With("listener", "metrics"))
-		go a.serveOn(s.metrics, limit.Listener(ml), "metrics")
+		h.Metrics = mux
 	}
-	if cfg.Agent.HAProxyAgentListen != "" {
-		if s.agentCheck, err = a.startAgentCheck(cfg.Agent.HAProxyAgentListen); err != nil {
-			return nil, err
-		}
-	}
-	a.log.Info("listening", "gateway", addrs(gls), "socket_activated", activated,
-		"control", cfg.Agent.ControlSocket, "metrics", cfg.Agent.MetricsListen,
-		"haproxy_agent", cfg.Agent.HAProxyAgentListen)
-	return s, nil
+	return servers.Start(cfg, h, servers.Contexts{Requests: a.ctx, Control: a.ctrlCtx, End: a.endControl}, a.log)
 }
 
 // engineTargets are the engines /metrics/engines reads: those of the
@@ -422,54 +345,6 @@ func (a *Agent) engineTargets() []metrics.EngineTarget {
 		out = append(out, t)
 	}
 	return out
-}
-
-func addrs(ls []net.Listener) []string {
-	out := make([]string, len(ls))
-	for i, l := range ls {
-		out[i] = l.Addr().String()
-	}
-	return out
-}
-
-func (a *Agent) serveOn(srv interface{ Serve(net.Listener) error }, l net.Listener, what string) {
-	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		a.log.Error("server stopped", "listener", what, "err", err)
-	}
-}
-
-// shutdown stops accepting and lets in-flight requests finish within
-// grace; what is still open then (long streams) is closed. Inherited
-// sockets stay with systemd, which queues new connections for the next
-// napd.
-func (s *servers) shutdown(grace time.Duration) {
-	s.endControl()
-	if s.agentCheck != nil {
-		s.agentCheck.Close()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), grace)
-	defer cancel()
-	var wg sync.WaitGroup
-	all := []interface {
-		Shutdown(context.Context) error
-		Close() error
-	}{s.control}
-	for _, g := range s.gateway {
-		all = append(all, g)
-	}
-	if s.metrics != nil {
-		all = append(all, s.metrics)
-	}
-	for _, srv := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := srv.Shutdown(ctx); err != nil {
-				srv.Close()
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // newGateway builds the gateway for cfg (its API keys read) without

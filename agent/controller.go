@@ -8,11 +8,9 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/control"
-	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/gateway"
-	"github.com/napd/napd/request"
 )
 
 // The Agent is the control API's Controller.
@@ -44,7 +42,8 @@ func (a *Agent) Status() control.Status {
 			}
 		}
 		for _, d := range ms.GPUs.Devices {
-			st.GPUs = append(st.GPUs, control.GPUMemory{Index: d.Index, Name: d.Name, TotalBytes: d.Total, UsedBytes: d.Used, FreeBytes: d.Free})
+			st.GPUs = append(st.GPUs, control.GPUMemory{Index: d.Index, Vendor: d.Vendor, UUID: d.UUID, PCI: d.PCI, Name: d.Name,
+				TotalBytes: d.Total, UsedBytes: d.Used, FreeBytes: d.Free})
 		}
 	}
 	for _, m := range a.reg.Load().list {
@@ -57,6 +56,9 @@ func (a *Agent) Status() control.Status {
 			Attempts: s.Lifecycle.Attempts,
 			Unit:     a.sup.UnitName(s.Spec), GPUs: a.desk.GPUs(s), Placement: a.desk.PlacedWhy(m.Name()),
 			SleptWith: s.Slept,
+		}
+		if s.Load != nil {
+			row.Load = s.Load.Wire()
 		}
 		fp := a.desk.Footprint(s)
 		row.Footprint, row.FootprintSource, row.FootprintFrom = fp.Bytes, fp.Source, fp.From
@@ -90,16 +92,17 @@ func (a *Agent) Status() control.Status {
 // Wake implements control.Controller: an operator wake is an arrival with
 // no request behind it, holding a lease while it waits so the planner
 // leaves the model alone.
-func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) error {
+func (a *Agent) Wake(ctx context.Context, name string, progress func(control.Progress)) error {
 	m, err := a.model(name)
 	if err != nil {
 		return err
 	}
-	progress(m.Snapshot().Lifecycle.State.String())
+	phase := m.Snapshot().Lifecycle.State.String()
+	progress(control.Progress{Phase: phase})
 	events, cancel := a.hub.Subscribe()
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- admitOnce(ctx, m, "napctl") }()
+	go func() { done <- m.AdmitOnce(ctx, "napctl") }()
 	for {
 		select {
 		case err := <-done:
@@ -109,22 +112,16 @@ func (a *Agent) Wake(ctx context.Context, name string, progress func(string)) er
 			}
 			return err
 		case e := <-events:
-			if e.Model == m.Name() && e.Kind == control.EventState {
-				progress(e.To)
+			switch {
+			case e.Model != m.Name():
+			case e.Kind == control.EventState:
+				phase = e.To
+				progress(control.Progress{Phase: phase})
+			case e.Kind == control.EventLoad:
+				progress(control.Progress{Phase: phase, Load: e.Load})
 			}
 		}
 	}
-}
-
-// admitOnce is an arrival with no request behind it (napctl wake, a
-// router API load, a warm wake): it holds a lease while the model wakes,
-// so the planner leaves it alone, and ends it once admitted.
-func admitOnce(ctx context.Context, m *model.Model, client string) error {
-	t, err := m.Admit(ctx, lease.Request{Model: m.Name(), Client: client, Kind: request.Other})
-	if err == nil {
-		t.Done(gateway.Outcome{})
-	}
-	return err
 }
 
 // Sleep implements control.Controller. An operator sleep drains live
@@ -193,7 +190,7 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		}
 		for _, d := range ms.GPUs.Devices {
 			if d.HaveMemory {
-				snap.GPUs = append(snap.GPUs, metrics.GPU{Index: strconv.Itoa(d.Index), Total: d.Total, Used: d.Used})
+				snap.GPUs = append(snap.GPUs, metrics.GPU{Index: strconv.Itoa(d.Index), Vendor: d.Vendor, Total: d.Total, Used: d.Used})
 			}
 		}
 	}

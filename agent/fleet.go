@@ -5,6 +5,7 @@ import (
 
 	"github.com/napd/napd/agent/fleet"
 	"github.com/napd/napd/agent/model"
+	"github.com/napd/napd/agent/servers"
 	"github.com/napd/napd/agentcheck"
 )
 
@@ -23,10 +24,10 @@ func (a *Agent) startAgentCheck(addr string) (*agentcheck.Server, error) {
 
 // tellBalancers turns every agent check answer to drain and waits, within
 // grace, until each balancer that asked lately has heard it.
-func (a *Agent) tellBalancers(s *servers, grace time.Duration) {
-	if s.agentCheck == nil {
+func (a *Agent) tellBalancers(s *servers.Servers, grace time.Duration) {
+	if s.AgentCheck == nil {
 		return
 	}
 	a.stopping.Store(true)
-	fleet.Drain(s.agentCheck, grace, a.log)
+	fleet.Drain(s.AgentCheck, grace, a.log)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/user"
 	"time"
 
 	"github.com/napd/napd/agent/config"
@@ -13,6 +11,7 @@ import (
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
 	"github.com/napd/napd/agent/logging"
+	"github.com/napd/napd/agent/measure"
 	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/agent/remote"
 	"github.com/napd/napd/agent/room"
@@ -86,7 +85,7 @@ func (a *Agent) planRegistry(cfg *config.Config, old *registry) (*registryPlan, 
 		if fresh {
 			p.allocate[mc.Name] = port
 		}
-		p.specs[mc.Name] = specOf(mc, port)
+		p.specs[mc.Name] = model.SpecOf(mc, port)
 	}
 	return p, nil
 }
@@ -138,6 +137,7 @@ func (a *Agent) modelDeps() model.Deps {
 		StatusChanged: a.statusChanged,
 		Clock:         a.clock,
 		MakeRoom:      a.desk.MakeRoom,
+		GPUDevices:    a.prober.GPUDevices,
 		WaitingFor:    a.desk.WaitingFor,
 		Idle:          a.desk.ModelIdle,
 		Probe:         a.prober.ProbeEngine,
@@ -145,6 +145,7 @@ func (a *Agent) modelDeps() model.Deps {
 		Log:           a.log,
 		Ctx:           a.ctx,
 		Usage:         a.usage,
+		Load:          measure.LoadMeter{Supervisor: a.sup},
 	}
 }
 
@@ -169,66 +170,6 @@ func (a *Agent) portFor(mc *config.Model, prev *model.Model) (port int, fresh bo
 		return 0, false, fmt.Errorf("model %s: allocate a port: %w", mc.Name, err)
 	}
 	return p, true, nil
-}
-
-// specOf builds the supervisor's spec for a model on port.
-func specOf(mc *config.Model, port int) supervisor.Spec {
-	var cmd []string
-	var env map[string]string
-	if len(mc.Command) > 0 || len(mc.Environment) > 0 {
-		cmd, env = mc.ExpandPort(port)
-	}
-	spec := supervisor.Spec{
-		Model:            mc.Name,
-		Command:          cmd,
-		Unit:             mc.Unit,
-		Port:             port,
-		Environment:      env,
-		GPUs:             mc.GPUs,
-		WorkingDirectory: mc.WorkingDirectory,
-		Health:           mc.Health,
-		Sleep:            mc.Sleep,
-		StopTimeout:      mc.StopTimeout,
-	}
-	if spec.Container = containerOf(mc, port); spec.Container == nil {
-		spec.User = engineUser(mc.User)
-	}
-	return spec
-}
-
-// containerOf is the container a model's engine runs in on port; nil for a
-// model without an image.
-func containerOf(mc *config.Model, port int) *supervisor.Container {
-	if mc.Image == "" {
-		return nil
-	}
-	return &supervisor.Container{
-		Runtime: mc.ContainerRuntime,
-		Program: mc.ContainerProgram,
-		Image:   config.ExpandPortIn([]string{mc.Image}, port)[0],
-		Volumes: config.ExpandPortIn(mc.Volumes, port),
-		Args:    config.ExpandPortIn(mc.ContainerArgs, port),
-		Pull:    mc.Pull,
-		Port:    mc.ContainerPort,
-	}
-}
-
-// DefaultEngineUser is the account engines run as when a model sets no
-// user and napd runs as root: the package creates it (sysusers.d), so an
-// engine does not get root's power by default.
-const DefaultEngineUser = "napd-engine"
-
-// engineUser is the user an engine runs as: the model's, else
-// DefaultEngineUser when napd is root and that account exists, else napd's
-// own (a developer running napd as themselves).
-func engineUser(configured string) string {
-	if configured != "" || os.Geteuid() != 0 {
-		return configured
-	}
-	if _, err := user.Lookup(DefaultEngineUser); err == nil {
-		return DefaultEngineUser
-	}
-	return ""
 }
 
 // Reload re-reads the config file. Everything the new config needs (log
@@ -313,7 +254,7 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 	out := make([]gateway.ModelInfo, 0, len(reg.list))
 	for _, m := range reg.list {
 		s := m.Snapshot()
-		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, State: s.Lifecycle.State.String(), Reason: g.agent().desk.Measured().Reason(m.Name(), s.Lifecycle),
+		info := gateway.ModelInfo{Name: m.Name(), Aliases: s.Config.Aliases, Unlisted: !s.Config.Listed, State: s.Lifecycle.State.String(), Reason: g.agent().desk.Measured().Reason(m.Name(), s.Lifecycle),
 			Serving: s.Lifecycle.State.Serving()}
 		if holders := g.agent().desk.WaitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders
@@ -321,7 +262,7 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 		if r, ok := g.agent().weights.Residency(m.Name()); ok {
 			info.Weights, info.WeightsResident = r.Bytes, r.Resident
 		}
-		routerInfo(&info, s)
+		s.RouterInfo(&info)
 		out = append(out, info)
 	}
 	for _, m := range reg.remotes {
@@ -331,19 +272,24 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 }
 
 // Progress implements gateway.Progress for models with wake_progress:
-// what a request waits for, for the comments of an early-committed stream.
-func (g *gatewayModels) Progress(model string) (string, bool) {
+// what a request waits for, for the comments of an early-committed stream;
+// the load's progress once it is measured.
+func (g *gatewayModels) Progress(model string) (gateway.ProgressNote, bool) {
 	m, ok := g.agent().reg.Load().byName[model]
 	if !ok || !m.Snapshot().Config.WakeProgress {
-		return "", false
+		return gateway.ProgressNote{}, false
 	}
 	if holders := g.agent().desk.WaitingFor(model); holders != "" {
-		return model + " waits for GPU memory held by " + holders, true
+		return gateway.ProgressNote{Label: model + " waits for GPU memory held by " + holders}, true
 	}
-	if m.Snapshot().Lifecycle.State == lifecycle.Waking {
-		return "waking " + model, true
+	switch s := m.Snapshot(); {
+	case s.Load != nil && (s.Load.HaveFraction || s.Load.HaveLeft):
+		// Only a figure that says how far or how long: else the time waited.
+		return gateway.ProgressNote{Label: s.Load.Text(model), Measured: true}, true
+	case s.Lifecycle.State == lifecycle.Waking:
+		return gateway.ProgressNote{Label: "waking " + model}, true
 	}
-	return "queued for " + model, true
+	return gateway.ProgressNote{Label: "queued for " + model}, true
 }
 
 // Admit implements gateway.Models.

@@ -65,7 +65,7 @@ func (a *Agent) overflow(ctx context.Context, targets []string, id lease.ID) (*g
 
 // remoteInfo is a remote model's /v1/models entry.
 func remoteInfo(s remote.Snapshot) gateway.ModelInfo {
-	return gateway.ModelInfo{Name: s.Config.Name, Aliases: s.Config.Aliases, State: s.State.String(),
+	return gateway.ModelInfo{Name: s.Config.Name, Aliases: s.Config.Aliases, Unlisted: !s.Config.Listed, State: s.State.String(),
 		Reason: s.Reason, Serving: s.State.Serving()}
 }
 

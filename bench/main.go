@@ -15,7 +15,9 @@
 //     against a naive swap-per-request policy;
 //  6. priorities: on those two models, a batch load on one and an
 //     interactive client on the other, time to first byte and batch
-//     throughput with and without priority classes.
+//     throughput with and without priority classes;
+//  7. load progress: a model whose engine reads 1 GiB of evicted weights
+//     at start, the error of napd's time left at 25, 50 and 75 % of it.
 //
 // The engine is this program itself run with -engine: a minimal server
 // whose own cost is negligible and which stamps every chunk with its send
@@ -66,6 +68,9 @@ func main() {
 	flag.StringVar(&o.llamaServer, "llama-server", "", "llama.cpp's llama-server binary: the real-engine comparison runs on it (with -gguf)")
 	flag.StringVar(&o.gguf, "gguf", "", "the GGUF model llama-server serves in the real-engine comparison")
 	flag.StringVar(&o.binB, "napd-b", "", "a second directory holding a napd binary: its napd is measured beside the first in the wrk comparisons (\"napd (B)\")")
+	flag.BoolVar(&o.progressOnly, "progress-only", false, "run only the load-progress rounds and print their figures")
+	flag.IntVar(&o.progressRounds, "progress-rounds", 3, "wakes of the load-progress figure")
+	flag.StringVar(&o.progressDir, "progress-dir", "", "directory on a disk for the load-progress weights file (\"\" = the temporary directory)")
 	flag.Parse()
 	if *goproxy != "" {
 		if err := runGoProxy(*goproxy, *target); err != nil {
@@ -91,14 +96,6 @@ func main() {
 	}
 }
 
-// stepper prints a step's name and, when the returned func is called,
-// how long it took.
-func stepper(name string) func() {
-	fmt.Fprintf(os.Stderr, "bench: %s…", name)
-	t := time.Now()
-	return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
-}
-
 // options are the driver's flags.
 type options struct {
 	bin            string
@@ -120,33 +117,26 @@ type options struct {
 	llamaServer    string
 	gguf           string
 	binB           string // "" = no A/B comparison
-}
-
-// alone runs one workload by itself, within timeout, and prints its
-// section.
-func alone(timeout time.Duration, measure func(context.Context) error, render func(*strings.Builder)) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := measure(ctx); err != nil {
-		return err
-	}
-	var b strings.Builder
-	render(&b)
-	fmt.Print(b.String())
-	return nil
+	progressOnly   bool
+	progressRounds int
+	progressDir    string
 }
 
 func run(o options) error {
-	switch r := (&report{swapClients: o.swapClients, swapEach: o.swapRequests}); {
+	switch {
 	case o.warmOnly:
-		return alone(15*time.Minute, func(ctx context.Context) (err error) { r.warm, err = runWarm(ctx, o, stepper); return err },
-			func(b *strings.Builder) { r.warm.markdown(b) })
+		return alone(&report{}, 15*time.Minute, func(ctx context.Context, r *report) (err error) { r.warm, err = runWarm(ctx, o, step); return err },
+			func(r *report, b *strings.Builder) { r.warm.markdown(b) })
+	case o.progressOnly:
+		return alone(&report{}, 10*time.Minute, func(ctx context.Context, r *report) error { return r.runProgress(ctx, o, step) },
+			(*report).progressMarkdown)
 	case o.prioritiesOnly:
-		return alone(10*time.Minute, func(ctx context.Context) error { return r.runPriorityRuns(ctx, o, stepper) }, r.priorityMarkdown)
+		return alone(&report{}, 10*time.Minute, func(ctx context.Context, r *report) error { return r.runPriorityRuns(ctx, o, step) },
+			(*report).priorityMarkdown)
 	case o.swapsOnly:
-		return alone(5*time.Minute, func(ctx context.Context) error {
-			return r.runSwaps(ctx, o, func(string) func() { return func() {} })
-		}, r.swapMarkdown)
+		quiet := func(string) func() { return func() {} }
+		return alone(&report{swapClients: o.swapClients, swapEach: o.swapRequests}, 5*time.Minute,
+			func(ctx context.Context, r *report) error { return r.runSwaps(ctx, o, quiet) }, (*report).swapMarkdown)
 	}
 	// Thousands of streams need thousands of descriptors here, in napd
 	// (which inherits this limit) and in the engine.
@@ -198,8 +188,6 @@ func run(o options) error {
 		swapClients: o.swapClients, swapEach: o.swapRequests}
 	direct := fmt.Sprintf("http://127.0.0.1:%d%s", n.engines["proxy"], chatPath)
 	viaNapd := "http://" + n.addr + chatPath
-
-	step := stepper
 
 	if !o.realOnly {
 		done := step("wrk: direct, nginx, the Go proxies, napd")
@@ -326,6 +314,9 @@ func run(o options) error {
 	if r.warm, err = runWarm(ctx, o, step); err != nil {
 		return fmt.Errorf("warm weights: %w", err)
 	}
+	if err := r.runProgress(ctx, o, step); err != nil {
+		return err
+	}
 
 	md := r.markdown()
 	fmt.Print(md)
@@ -335,6 +326,28 @@ func run(o options) error {
 		}
 		fmt.Fprintf(os.Stderr, "bench: figures written to %s\n", o.out)
 	}
+	return nil
+}
+
+// step says on stderr that the bench starts name; the function it
+// returns says how long it took.
+func step(name string) func() {
+	fmt.Fprintf(os.Stderr, "bench: %s…", name)
+	t := time.Now()
+	return func() { fmt.Fprintf(os.Stderr, " %s\n", time.Since(t).Round(time.Millisecond)) }
+}
+
+// alone runs one workload by itself into r (an -…-only flag), within a
+// deadline, and prints its figures as render writes them.
+func alone(r *report, within time.Duration, run func(context.Context, *report) error, render func(*report, *strings.Builder)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := run(ctx, r); err != nil {
+		return err
+	}
+	var b strings.Builder
+	render(r, &b)
+	fmt.Print(b.String())
 	return nil
 }
 

@@ -81,6 +81,7 @@ type report struct {
 	allocs                       []goBench // BenchmarkProxy: direct, gateway
 	scale                        scaleFigures
 	warm                         *warmFigures
+	progress                     []progressRound
 }
 
 func met(ok bool) string {
@@ -199,6 +200,7 @@ with it. The model is put to sleep again between rows.
 	if r.warm != nil {
 		r.warm.markdown(&b)
 	}
+	r.progressMarkdown(&b)
 	return strings.TrimRight(b.String(), "\n") + "\n"
 }
 

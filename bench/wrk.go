@@ -369,124 +369,66 @@ per request: each is a thread put to sleep or preempted and woken again. Load av
 	b.WriteString(whereTimeGoes)
 }
 
-// whereTimeGoes is what the profiles of issue 17 showed; it does not
-// change from run to run, so it is written as it was found, on the tree
-// it was found on.
-const whereTimeGoes = `### Where napd's time went, with its own HTTP/1.1 stack (issue 17)
+// whereTimeGoes is what profiles of napd under wrk showed (issues 17 and
+// 30); it does not change from run to run, so it is written as found.
+const whereTimeGoes = `### Where napd's time goes
 
-These findings are of napd as it was when they were made (up to c16f7c7),
-when its gateway served clients and forwarded to engines through its own
-HTTP/1.1 code (` + "`internal/h1`" + `). Issue 30 replaces that with
-net/http's server, ` + "`http.Transport`" + ` and ` + "`httputil.ReverseProxy`" + `:
-what is said below of ` + "`internal/h1`" + ` describes that older tree, and the
-wrk tables above, with -napd-b, compare the two. What the Go floor and
-the engine column showed holds for any proxy.
-
-Profiles of napd under wrk (Go CPU profiles and ` + "`perf record -g`" + ` with
-kernel stacks at -c32 and -c1, ` + "`strace -c -f -p PID`" + `, thread switch
-counts) on the 2-core machine above, beside the Go floor:
+Profiles of napd under wrk on the 2-core machine (` + "`perf record -g`" + `,
+` + "`strace -c -f`" + `, thread switch counts), on the bench engine and on
+llama-server:
 
 - The Go floor row is what Go itself costs here: the same two reads and
-  two writes per request as napd, on Go's netpoller and scheduler, with
-  napd's CPU count. It comes close to nginx in throughput, CPU per
-  request and added latency. So neither the Go runtime's scheduler and
-  netpoller nor what the kernel and this virtual machine's hypervisor
-  charge for loopback writes and wakeups holds napd back from nginx's
-  figures: the floor pays them too.
-- One runtime cost napd does not pay: net.Conn's reads and writes enter
-  each system call through the runtime's entersyscall, which wakes its
-  monitor thread (sysmon) whenever it slept because the process was
-  idle, and at one connection a proxy goes idle twice per request. The
-  floor's threads switch about four times per request at -c1, two of
-  them that thread's. napd reads and writes its sockets with raw system
-  calls (` + "`internal/h1`" + `'s sockIO: the sockets are non-blocking, so the
-  calls return at once, and Go's netpoller still does the waiting): two
-  switches per request, and about a third less CPU per request at -c1.
-- napd's system calls per request are the floor's plus one: two writes,
-  two reads that return data, one or two that find none yet and park
-  the goroutine, and a non-blocking peek (recvfrom) on a reused engine
-  connection. The peek tells a connection the engine closed while idle
-  from a live one before a request is written on it; net/http's
-  Transport learns the same from a read it keeps running on every idle
-  connection. It is about 3 % of napd's CPU. With raw socket I/O napd's
-  system time per request is below the floor's (the user + system
-  column); its user time is about twice the floor's and nginx's.
-- So the difference is napd's own work in user space, and it is spread
-  thin: no function takes more than about 3 % of napd's CPU. The
-  shares: allocation and garbage collection about a tenth, and most of
-  it the collections: at the runtime's least goal (4 MiB: napd's live
-  heap is a megabyte, it allocates ~5 KiB per request) napd collected
-  ~25 times a second, each scanning every goroutine's stack; with a
-  32 MiB goal (GOGC=800), three times a second, and 2.4 µs less user
-  time per request (five interleaved rounds, every one lower): a heap
-  floor (agent.heap_floor, since deprecated and ignored: it paid only
-  here) kept that goal while the heap grew fast. The floor with 30 extra allocations of 96 bytes per
-  request spends ~2 µs more per request and loses 2-5 % of its
-  throughput; the
-  request's and the answer's heads (the request's header map, net/http's
-  type, which the gateway's features are written against); admission and the
-  lease (the model's lock, a lease record); metrics; the body's routing
-  fields and the answer's usage counts; contexts, deadlines and clock
-  readings (25-50 ns each on this machine). At one connection each
-  costs about twice as much as at 32: between two requests wrk and the
-  engine run on napd's CPU, and napd comes back to cold caches.
-- That work costs napd more throughput than its own CPU time says: the
-  engine column. Behind napd the engine spends more CPU per request than
-  behind the floor or nginx (48, 37 and 32 µs in one interleaved
-  measurement): ` + "`perf stat`" + ` on the engine counts, per request, 0.74, 0.34
-  and 0.23 epoll waits, 0.49, 0.23 and 0.11 futex calls, 0.95, 0.65 and
-  0.33 thread switches. napd's requests reach the engine spaced by
-  napd's per-request work on its one thread; between two, the engine's
-  threads run out of work, sleep, and are woken again. The floor made
-  to spin 6 or 12 µs per request before it forwards (its user time then
-  about napd's) fell to napd's throughput, and its engine's CPU per
-  request rose to napd's engine's (two interleaved rounds: 14.9k and
-  15.5k req/s against napd's 15.1k, then 12.6k and 11.9k against 11.9k;
-  engine 46-61 µs against napd's engine's 46-58, 39-41 behind the plain
-  floor): napd's own user time is the whole of the gap, and each
-  microsecond of it costs about 2-3 % of the throughput at 32
-  connections. The engine's
-  threading matters as much ("The same with a one-thread engine" above):
-  with the engine on one thread, as the single event loop of vLLM's and
-  SGLang's API servers, napd measured 0.43-0.44× direct and 0.73-0.74×
-  nginx in rounds interleaved with the two-thread engine's 0.39× and
-  0.62×: napd's own throughput rose by 11-15 %, direct's and nginx's
-  moved by a few percent either way.
-- What napd does about it. Its own HTTP/1.1 server and engine client
-  (` + "`internal/h1`" + `, docs/gateway.md): a request is read, handled,
-  forwarded and answered on its connection's goroutine, with none of
-  net/http's goroutine hand-offs per request; a head is copied into one
-  string, and a request's URL, body, writer and header values are made
-  together. Its own forwarding (the gateway's ` + "`send`" + `), without
-  httputil.ReverseProxy's copies of the request and of every header
-  value. A request's admission and end run on its own goroutine under
-  its model's lock (docs/design.md), not through the model's loop. The
-  gateway adds about 21 allocations per request (TestProxyAllocs): a
-  request's call holds its recorder, engine request and body reader; the
-  engine's request takes over the client's header map, edited; its
-  deadline arms a timer only when something waits on it; the engine
-  client watches requests for cancellation with a sweep every 10 ms
-  rather than a registration each; the engine's answer's fields are
-  read into a list, edited there and written out in the order they came
-  (h1.Head: no header map is made, looked up or walked; 0.4 µs less
-  reading an answer's head, BenchmarkReadAnswer); a request's context ends with
-  the server's through one registration per connection. The default
-  engine path rules are matched by a map lookup and, for the few with
-  wildcards, only on a path that holds their longest literal run.
-  Socket deadlines move only when a read or write would reach them.
-  Durations read the monotonic clock alone.
-- napd ran its Go code on half the CPUs it may use, two at least
-  (agent.cpus, since deprecated and ignored: Go's own GOMAXPROCS, two
-  here, is the same on this 2-CPU machine). With one, each
-  request's forwarding waits for every other request's work on that
-  thread, and the engine gets its requests further apart: in twelve
-  interleaved rounds at -c32, two threads gave 5-10 % more throughput
-  than one in every round (napd's own CPU per request a tenth to a
-  fifth higher, the engine's lower), with the same median at one
-  connection (six rounds each: 194 and 195.5 µs). Without the heap
-  floor, two threads were ~10 µs slower at one connection (five rounds:
-  203 against 194 µs), as they had been by more in earlier versions:
-  the two go together.
+  two writes per request as any proxy, on Go's netpoller and scheduler.
+  It comes close to nginx, so neither the Go runtime nor what the kernel
+  and this virtual machine charge for loopback holds a Go proxy back.
+- napd is served by net/http's server and reaches engines through
+  ` + "`http.Transport`" + `, forwarding with ` + "`httputil.ReverseProxy`" + `
+  (docs/gateway.md): the stack the stock Go proxy row runs, and napd's
+  figures sit near that row's. What the stack costs beyond the floor is
+  its goroutine hand-offs: the server reads ahead on a goroutine of its
+  own while a handler runs, and the Transport writes each request and
+  reads each answer on two goroutines per connection, which hand the
+  request and the answer to the handler's goroutine over channels. At
+  low concurrency each hand-off wakes a sleeping thread (the switch
+  column behind llama-server at 4 connections: the stock Go proxy's 7-9
+  per request and napd's 12-16, the floor's 4-5, nginx's 2).
+- Until issue 30 napd ran its own HTTP/1.1 server and engine client
+  (` + "`internal/h1`" + `, up to c16f7c7): each request read, forwarded and
+  answered on its connection's goroutine, with raw system calls. On the
+  bench engine, whose answer costs microseconds, that bought 30-100 µs
+  per request; on llama-server the whole stack measured 9-15 % more
+  throughput at 4 connections than this tree in two interleaved runs
+  (and 0.2-0.4 ms of median), and a synchronous engine client on
+  net/http's own request writer and answer parser in place of the
+  Transport, on this tree, 1 % at 4 connections and 6 % at one (one
+  interleaved run; CPU per request 245 against 300 µs). Under the 5 %
+  at 4 connections that would have kept a client of napd's own: napd
+  keeps the one stack the Go team maintains, and pays about 0.3 ms on a
+  request of one token, nothing a streamed completion shows.
+- Two costs that were napd's own and went: a negative
+  ` + "`FlushInterval`" + ` on ReverseProxy flushed every answer's head at once
+  from a timer's goroutine (` + "`time.AfterFunc(-1)`" + `), a write and thread
+  switches per request of their own; napd now lets ReverseProxy flush
+  event streams and answers of unknown length at each write and sends an
+  answer of known length in one write. And under the exec supervisor
+  napd copied an engine's output to its log as each line came:
+  llama-server writes about ten lines per request, and napd read and
+  wrote ~10 and ~7 times per request for it (~100 µs of napd's CPU per
+  request); it now copies in batches at most 50 ms apart (~5 and ~3,
+  ` + "`strace -c -f`" + ` at one connection). Under systemd the journal reads
+  an engine's output, not napd.
+- Left to Go: GOMAXPROCS (Go sizes it from the CPUs napd may use, its
+  cgroup's quota counted; on llama-server GOMAXPROCS=1 measured no better
+  than Go's two, interleaved: 0.69 against 0.71 × direct at one
+  connection, 0.91 against 0.98 at four) and GOGC. The heap floor and
+  agent.cpus of issue 17 paid only on the bench engine and are gone
+  (their keys are accepted with a warning for one release).
+- What stays of issue 17's work, because it is napd's own and costs
+  nothing to keep: a request's admission and end run on its own goroutine
+  under its model's lock (docs/design.md), not through the model's loop;
+  the body's routing fields and the answer's usage counts are read
+  without encoding/json's reflection; metrics' series are looked up once
+  per request. The allocation table above bounds the rest.
 
 `
 

@@ -199,6 +199,31 @@ func TestGateway_AliasesListed(t *testing.T) {
 	}
 }
 
+// A model with listed = false is left out of every model list, its
+// aliases too, and still served and described by name.
+func TestGateway_UnlistedModel(t *testing.T) {
+	e := newEnv(t, (&okEngine{}).ServeHTTP, Options{ListAliases: true})
+	e.models.mu.Lock()
+	e.models.unlisted = "m1"
+	e.models.mu.Unlock()
+	for _, path := range []string{"/v1/models", "/models"} {
+		var ids []string
+		for _, m := range listModels(t, e, path) {
+			ids = append(ids, m.ID)
+		}
+		if !reflect.DeepEqual(ids, []string{"m2"}) {
+			t.Errorf("%s lists %v, want [m2]", path, ids)
+		}
+	}
+	if one := listModels(t, e, "/v1/models/m1"); len(one) != 1 || one[0].ID != "m1" {
+		t.Errorf("/v1/models/m1: %+v", one)
+	}
+	resp, b := e.do("POST", "/v1/chat/completions", `{"model":"a1"}`, nil)
+	if resp.StatusCode != 200 {
+		t.Errorf("unlisted model by its alias: %d %s", resp.StatusCode, b)
+	}
+}
+
 func TestGateway_CORS(t *testing.T) {
 	engine := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Access-Control-Allow-Origin", "*") // as vLLM does by default

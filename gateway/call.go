@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/agent/priority"
 	"github.com/napd/napd/request"
 )
@@ -664,7 +665,7 @@ func (c *call) listModels(r *http.Request) {
 // Options.ListAliases is set.
 func (c *call) listed(infos []ModelInfo, add func(m ModelInfo, alias string)) {
 	for _, m := range infos {
-		if !c.scope.mayList(m) {
+		if m.Unlisted || !c.scope.mayList(m) {
 			continue
 		}
 		if !c.g.opts.ListAliases || c.scope.MayUse(m.Name, m.Name) {
@@ -730,6 +731,8 @@ type modelNapd struct {
 	// Weights and WeightsResident: only for a model with weight files.
 	Weights         int64  `json:"weights_bytes,omitempty"`
 	WeightsResident *int64 `json:"weights_resident_bytes,omitempty"`
+	// Load is how far the load got while the model wakes, when measured.
+	Load *loadprogress.Wire `json:"load,omitempty"`
 }
 
 // entry is m's /v1/models entry or, when alias is not "", the entry of
@@ -742,6 +745,9 @@ func (c *call) entry(m ModelInfo, alias string) modelEntry {
 	}
 	if m.Weights > 0 {
 		e.Napd.Weights, e.Napd.WeightsResident = m.Weights, &m.WeightsResident
+	}
+	if m.Loading != nil {
+		e.Napd.Load = m.Loading.Wire()
 	}
 	if alias != "" {
 		e.ID, e.Napd.AliasOf, e.Napd.Aliases = alias, m.Name, nil

@@ -30,6 +30,7 @@ type fakeModels struct {
 	depth      int
 	wake       time.Duration
 	served     string // the tickets' ServedName
+	unlisted   string // a model List marks Unlisted (listed = false)
 	// admit, when set, replaces the default (a ticket to target).
 	admit func(ctx context.Context, a lease.Request) (*Ticket, error)
 	// forget keeps no admissions: a benchmark's would grow without bound.
@@ -58,10 +59,16 @@ func (f *fakeModels) Resolve(name string) (string, bool) {
 }
 
 func (f *fakeModels) List() []ModelInfo {
-	return []ModelInfo{
+	infos := []ModelInfo{
 		{Name: "m1", Aliases: []string{"a1"}, State: "awake", Serving: true, Weights: 8 << 30, WeightsResident: 2 << 30},
 		{Name: "m2", State: "failed", Reason: "exit status 1 after 3 attempts"},
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range infos {
+		infos[i].Unlisted = infos[i].Name == f.unlisted
+	}
+	return infos
 }
 
 func (f *fakeModels) QueueDepth(string) int {

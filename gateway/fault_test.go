@@ -155,12 +155,15 @@ func TestGateway_CutAnswerIsNeitherStoredNorEndedAsComplete(t *testing.T) {
 			e := newEnv(t, rawEngine(tc.head, tc.body), Options{})
 			req, _ := http.NewRequest("POST", e.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m1","stream":true}`))
 			req.Header.Set(HeaderIdempotencyKey, "k")
-			resp, err := e.client.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			// An answer of known length leaves with its head once it is
+			// whole, so the client of one cut early sees no head at all.
+			resp, readErr := e.client.Do(req)
+			if readErr == nil {
+				_, readErr = io.ReadAll(bufio.NewReader(resp.Body))
+				resp.Body.Close()
+			} else if !tc.cut {
+				t.Fatal(readErr)
 			}
-			_, readErr := io.ReadAll(bufio.NewReader(resp.Body))
-			resp.Body.Close()
 			o := e.models.outcome()
 			if tc.cut {
 				if readErr == nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/agent/priority"
 )
 
@@ -83,8 +84,11 @@ type Outcome struct {
 type ModelInfo struct {
 	Name    string
 	Aliases []string
-	State   string // lifecycle state, e.g. "awake", "sleeping"
-	Reason  string // why it is in that state, when there is something to say
+	// Unlisted models are left out of the model lists (listed = false)
+	// and still served by name.
+	Unlisted bool
+	State    string // lifecycle state, e.g. "awake", "sleeping"
+	Reason   string // why it is in that state, when there is something to say
 	// Serving: requests are forwarded at once, without a wake (awake, or
 	// unsupported). GET /health/models/NAME answers 200 only then.
 	Serving bool
@@ -107,6 +111,9 @@ type ModelInfo struct {
 	// loads and the model layer knows it (nil: it does not); GET /models
 	// and /models/sse show it.
 	Progress *float64
+	// Loading is the load's progress while the model wakes, when napd
+	// measures it (nil: not); the napd object of /v1/models shows it.
+	Loading *loadprogress.Status
 }
 
 // Quotas is what the gateway asks of napd's accounting about a key with a

@@ -15,10 +15,20 @@ import (
 // Progress is implemented by Models that offer wake progress: for a model
 // where Progress says ok, a streaming request that waits to be admitted
 // longer than Options.ProgressAfter gets its 200 and SSE headers at once,
-// then an SSE comment line (": LABEL, 12 s") every ProgressEvery until the
-// engine answers. label says what the request waits for ("waking b").
+// then an SSE comment line every ProgressEvery until the engine answers:
+// ": LABEL, 12 s" (the time waited), or ": LABEL" for a note that says
+// the load's progress itself.
 type Progress interface {
-	Progress(model string) (label string, ok bool)
+	Progress(model string) (note ProgressNote, ok bool)
+}
+
+// ProgressNote is what a request waiting for a wake is told.
+type ProgressNote struct {
+	// Label says what the request waits for ("waking b"), or how far the
+	// load got ("b loading 43 % (7.1 of 16.4 GiB), about 12 s left").
+	Label string
+	// Measured: Label is the load's progress, sent as it is.
+	Measured bool
 }
 
 // Defaults of the wake progress timing.
@@ -56,11 +66,19 @@ func (c *call) admitWithProgress(ctx context.Context, p Progress, a lease.Reques
 			return r.t, r.err
 		case <-tick.C:
 			committed.Store(true)
-			label, _ := p.Progress(a.Model)
-			c.w.progress(fmt.Sprintf(": %s, %d s\n\n", label, int(c.g.now().Sub(c.start).Seconds())))
+			note, _ := p.Progress(a.Model)
+			c.w.progress(note.comment(c.g.now().Sub(c.start)))
 			tick.Reset(every)
 		}
 	}
+}
+
+// comment is the SSE comment of n for a request that waited so far.
+func (n ProgressNote) comment(waited time.Duration) string {
+	if n.Measured {
+		return ": " + n.Label + "\n\n"
+	}
+	return fmt.Sprintf(": %s, %d s\n\n", n.Label, int(waited.Seconds()))
 }
 
 type committedKey struct{}

@@ -15,7 +15,9 @@ import (
 // progressModels offers wake progress for m1 only.
 type progressModels struct{ *fakeModels }
 
-func (progressModels) Progress(model string) (string, bool) { return "waking " + model, model == "m1" }
+func (progressModels) Progress(model string) (ProgressNote, bool) {
+	return ProgressNote{Label: "waking " + model}, model == "m1"
+}
 
 // progressEnv is a gateway over progressModels whose Admit waits for
 // release, then returns what answer gives.
@@ -144,5 +146,20 @@ func TestWakeProgress_AdmitLearnsTheStreamStarted(t *testing.T) {
 	e.models.outcome()
 	if Committed(context.Background()) {
 		t.Error("a request without wake progress reads as committed")
+	}
+}
+
+func TestProgressNote_Comment(t *testing.T) {
+	for _, tc := range []struct {
+		n    ProgressNote
+		want string
+	}{
+		{ProgressNote{Label: "waking m1"}, ": waking m1, 12 s\n\n"},
+		{ProgressNote{Label: "demo-large loading 43 % (7.1 of 16.4 GiB), about 12 s left", Measured: true},
+			": demo-large loading 43 % (7.1 of 16.4 GiB), about 12 s left\n\n"},
+	} {
+		if got := tc.n.comment(12500 * time.Millisecond); got != tc.want {
+			t.Errorf("comment(%+v) = %q, want %q", tc.n, got, tc.want)
+		}
 	}
 }

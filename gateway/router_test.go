@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/lease"
+	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/internal/httpfixture"
 )
 
@@ -582,5 +583,38 @@ func TestStreamLimit(t *testing.T) {
 	l.release("x")
 	if !l.acquire("z") || l.open("x") != 1 || !maps.Equal(l.per, map[string]int{"x": 1, "y": 1, "z": 1}) {
 		t.Errorf("after a release: %v", l.per)
+	}
+}
+
+// A load napd measures shows in /v1/models' napd object (bytes read, of
+// the weights, the fraction and the time left), and its fraction as the
+// router API's status.progress.value.
+func TestRouter_LoadProgressInModels(t *testing.T) {
+	st := &loadprogress.Status{Read: 1 << 30, Weights: 4 << 30, Fraction: 0.25, HaveFraction: true, Left: 30 * time.Second, HaveLeft: true}
+	m := newRouterModels(ModelInfo{Name: "big", State: "waking", Load: LoadLoading, Loading: st, Progress: &st.Fraction})
+	e := newRouterEnv(t, Options{}, m)
+	_, b := e.do("GET", "/v1/models", "")
+	var list struct {
+		Data []struct {
+			Napd struct {
+				Load *loadprogress.Wire `json:"load"`
+			} `json:"napd"`
+			Status struct {
+				Progress *struct {
+					Value float64 `json:"value"`
+				} `json:"progress"`
+			} `json:"status"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(b, &list); err != nil || len(list.Data) != 1 {
+		t.Fatalf("/v1/models %s: %v", b, err)
+	}
+	d := list.Data[0]
+	if l := d.Napd.Load; l == nil || l.ReadBytes != 1<<30 || l.WeightBytes != 4<<30 || l.Progress == nil || *l.Progress != 0.25 ||
+		l.LeftMs == nil || *l.LeftMs != 30_000 {
+		t.Errorf("napd.load %s", b)
+	}
+	if d.Status.Progress == nil || d.Status.Progress.Value != 0.25 {
+		t.Errorf("status.progress %s", b)
 	}
 }

@@ -3,13 +3,14 @@
 # (FUZZTIME, default 10s): the request body's routing fields, multipart
 # forms, the API keys file, usage.json, the request head's napd headers
 # (deadline, idempotency), path rules, the config file, the HAProxy agent
-# check and a remote napd's model list (agent/remote).
+# check, a remote napd's model list (agent/remote), the GPU probes'
+# parsers (nvidia-smi's CSV, DRM fdinfo) and /proc/PID/io (probes/procio).
 # `make fuzz` runs it; CI runs it after the tests. A failure leaves the
 # input under the package's testdata/fuzz, where `go test` replays it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${FUZZTIME:-10s}
-packages=(./gateway/... ./agent/config/... ./agent/usage/... ./agentcheck/... ./agent/remote/...)
+packages=(./gateway/... ./agent/config/... ./agent/usage/... ./agentcheck/... ./agent/remote/... ./probes/...)
 for pkg in $(go list "${packages[@]}"); do
 	for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
 		echo "fuzz $pkg $target ($fuzztime)"

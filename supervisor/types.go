@@ -21,12 +21,15 @@ import (
 // Spec is everything a backend needs to run one model's engine. The agent
 // builds it from the config; ${PORT} and ${GPUS} are already expanded.
 type Spec struct {
-	Model            string
-	Command          []string // set when napd owns the process
-	Unit             string   // set when an operator-owned unit is controlled instead
-	Port             int
-	Environment      map[string]string
-	GPUs             []int // CUDA_VISIBLE_DEVICES
+	Model       string
+	Command     []string // set when napd owns the process
+	Unit        string   // set when an operator-owned unit is controlled instead
+	Port        int
+	Environment map[string]string
+	GPUs        []int // napd's GPU indexes of the placement
+	// Devices are those GPUs as their vendors' runtimes know them (see
+	// VisibleDevices); empty when no GPU reading resolved them.
+	Devices          []GPU
 	WorkingDirectory string
 	User             string
 	Health           string // health path, e.g. "/health"

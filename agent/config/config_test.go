@@ -129,6 +129,7 @@ func TestParse_Errors(t *testing.T) {
 		{"negative yield_after", "[policy]\nyield_after = \"-1s\"\n", 2, "policy.yield_after", "must not be negative"},
 		{"wake_progress not a boolean", "[models.a]\n" + minimal + "wake_progress = 1\n", 3, "models.a.wake_progress", "want a boolean"},
 		{"zero duration where meaningless", "[policy]\nwake_timeout = \"0\"\n", 2, "policy.wake_timeout", "must be greater than 0"},
+		{"wake_stall_timeout not a duration", "[policy]\nwake_stall_timeout = 30\n", 2, "policy.wake_stall_timeout", "want a duration string"},
 		{"duration not a string", "[policy]\nidle_timeout = 0\n", 2, "policy.idle_timeout", "want a duration string"},
 		{"unknown supervisor", "[agent]\nsupervisor = \"k8s\"\n", 2, "agent.supervisor", `unknown value "k8s"`},
 		{"unknown log level", "[agent]\nlog_level = \"trace\"\n", 2, "agent.log_level", `unknown value "trace"`},
@@ -300,6 +301,7 @@ drain_timeout = "20s"
 arrival_while_draining = "refuse"
 wake_attempts = 2
 wake_timeout = "1m"
+wake_stall_timeout = "2m"
 allow_untracked_unload = true
 health_interval = "30s"
 yield_after = "10s"
@@ -328,6 +330,7 @@ activity_metrics = ["myengine:active", "queue_depth"]
 health_failures = 5
 yield_after = "0"
 wake_progress = true
+wake_stall_timeout = "45s"
 deep_sleep = "stop"
 deep_sleep_after = "30m"
 priority = "batch"
@@ -347,9 +350,9 @@ port = 8102
 		Environment: map[string]string{"VLLM_SERVER_DEV_MODE": "1"}, Listen: "127.0.0.1:18101", ServedName: "Qwen/Qwen3-8B-AWQ",
 		Transport: TransportHTTP, WorkingDirectory: "/srv", User: "napd", StopTimeout: 5 * time.Second,
 		IdleTimeout: 0, DrainTimeout: 20 * time.Second, ArrivalWhileDraining: lifecycle.ArrivalRefuse,
-		WakeAttempts: 5, WakeTimeout: time.Minute, AllowUntrackedUnload: true,
+		WakeAttempts: 5, WakeTimeout: time.Minute, WakeStallTimeout: 45 * time.Second, AllowUntrackedUnload: true,
 		Evidence: EvidenceMetrics, ActivityMetrics: []string{"myengine:active", "queue_depth"},
-		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true,
+		HealthInterval: 30 * time.Second, HealthFailures: 5, YieldAfter: 0, WakeProgress: true, Listed: true,
 		DeepSleep: sleepmode.Stop, DeepSleepAfter: 30 * time.Minute,
 		Priority: 3, EnginePriority: true, PriorityAge: time.Minute,
 		APIKeyHeader: DefaultAPIKeyHeader, OverflowWhen: OverflowLate,
@@ -362,7 +365,7 @@ port = 8102
 		alpha.Sleep != sleepmode.Stop || alpha.MaxConcurrency != DefaultMaxConcurrency || alpha.Queue != DefaultQueue ||
 		alpha.StopTimeout != DefaultStopTimeout || alpha.Transport != TransportHTTP ||
 		alpha.Evidence != EvidenceAuto || alpha.HealthInterval != 30*time.Second || alpha.HealthFailures != 3 ||
-		alpha.YieldAfter != 10*time.Second || alpha.WakeProgress {
+		alpha.YieldAfter != 10*time.Second || alpha.WakeProgress || alpha.WakeStallTimeout != 2*time.Minute {
 		t.Errorf("alpha did not get the defaults: %+v", alpha)
 	}
 }
@@ -564,5 +567,15 @@ func TestParse_FairShare(t *testing.T) {
 	}
 	if _, err := Parse("napd.toml", []byte("[policy]\nfair_share = true\n")); err == nil || !strings.Contains(err.Error(), "policy.fair_share") {
 		t.Errorf("fair_share = true: %v", err)
+	}
+}
+
+// listed = false hides a model from the gateway's lists, on a local model
+// and a remote one alike; every model is listed by default.
+func TestParse_Listed(t *testing.T) {
+	cfg := mustParse(t, "[models.a]\n"+minimal+"[models.b]\n"+minimal+"listed = false\n"+
+		"[models.c]\nurl = \"https://api.example/v1\"\nlisted = false\n")
+	if !cfg.Models[0].Listed || cfg.Models[1].Listed || cfg.Models[2].Listed {
+		t.Errorf("listed: a %v, b %v, c %v; want true, false, false", cfg.Models[0].Listed, cfg.Models[1].Listed, cfg.Models[2].Listed)
 	}
 }

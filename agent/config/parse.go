@@ -550,6 +550,7 @@ func policySchema(p *Policy) map[string]setter {
 		"arrival_while_draining": setEnum(&p.ArrivalWhileDraining, lifecycle.ArrivalCancelDrain, lifecycle.ArrivalRefuse),
 		"wake_attempts":          setInt(&p.WakeAttempts, 1, 100),
 		"wake_timeout":           setDuration(&p.WakeTimeout, false),
+		"wake_stall_timeout":     setDuration(&p.WakeStallTimeout, true),
 		"allow_untracked_unload": setBool(&p.AllowUntrackedUnload),
 		"health_interval":        setDuration(&p.HealthInterval, true),
 		"health_failures":        setInt(&p.HealthFailures, 1, 100),
@@ -607,6 +608,7 @@ func modelSchema(m *Model, pol *Policy) map[string]setter {
 		"evidence":          setEnum(&m.Evidence, EvidenceAuto, EvidenceConnections, EvidenceMetrics, EvidenceLeases),
 		"activity_metrics":  setStrings(&m.ActivityMetrics, metricName),
 		"wake_progress":     setBool(&m.WakeProgress),
+		"listed":            setBool(&m.Listed),
 		"warm_on_start":     setBool(&m.WarmOnStart),
 		"keep_awake":        setWindows(&m.KeepAwake),
 		"weights":           setStrings(&m.Weights, nil),
@@ -631,6 +633,7 @@ func newModel(name string) *Model {
 		Evidence:       EvidenceAuto,
 		APIKeyHeader:   DefaultAPIKeyHeader,
 		OverflowWhen:   OverflowLate,
+		Listed:         true,
 	}
 }
 
@@ -641,6 +644,7 @@ func (m *Model) setPolicy(p Policy) {
 	m.ArrivalWhileDraining = p.ArrivalWhileDraining
 	m.WakeAttempts = p.WakeAttempts
 	m.WakeTimeout = p.WakeTimeout
+	m.WakeStallTimeout = p.WakeStallTimeout
 	m.AllowUntrackedUnload = p.AllowUntrackedUnload
 	m.HealthInterval = p.HealthInterval
 	m.HealthFailures = p.HealthFailures

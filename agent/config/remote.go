@@ -45,7 +45,7 @@ func remoteSchema(m *Model) map[string]setter {
 // admitting requests to it take. The others shape an engine napd runs.
 var remoteKeys = []string{
 	"url", "api_key_file", "api_key_header", "tls_ca_file", "health", "health_interval", "health_failures",
-	"served_name", "aliases", "max_concurrency", "queue", "listen", templateKey, varsKey,
+	"served_name", "aliases", "max_concurrency", "queue", "listen", "listed", templateKey, varsKey,
 }
 
 // checkRemote checks the keys of a remote model (url set) against each

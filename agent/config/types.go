@@ -125,6 +125,9 @@ type Policy struct {
 	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
+	// WakeStallTimeout fails a wake attempt whose load showed no progress
+	// that long (docs/lifecycle.md#load-progress); 0: off.
+	WakeStallTimeout     time.Duration
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration // 0 = awake engines are not probed
 	HealthFailures       int
@@ -220,6 +223,7 @@ type Model struct {
 	ArrivalWhileDraining lifecycle.ArrivalPolicy
 	WakeAttempts         int
 	WakeTimeout          time.Duration
+	WakeStallTimeout     time.Duration
 	AllowUntrackedUnload bool
 	HealthInterval       time.Duration
 	HealthFailures       int
@@ -243,6 +247,11 @@ type Model struct {
 	// WakeProgress: a streaming request that waits for this model's wake
 	// gets its 200 headers early and SSE comments until the first token.
 	WakeProgress bool
+
+	// Listed: shown in the gateway's model lists (/v1/models, the router
+	// API's /models); false hides it there, and it is still served by
+	// name (llama-swap's unlisted).
+	Listed bool
 
 	// WarmOnStart: woken at napd's start, after reconciliation, when it
 	// fits. KeepAwake: windows in which it is not put to sleep for

@@ -35,14 +35,16 @@ func (f *fakeController) Status() Status {
 	return Status{Version: "test", Supervisor: "exec", Models: []ModelStatus{{Name: "m", State: "sleeping", Leases: 2}}}
 }
 
-func (f *fakeController) Wake(_ context.Context, model string, progress func(string)) error {
+func (f *fakeController) Wake(_ context.Context, model string, progress func(Progress)) error {
 	switch model {
 	case "m":
-		progress("waking")
-		progress("verifying")
+		half, left := 0.5, int64(3000)
+		progress(Progress{Phase: "waking"})
+		progress(Progress{Phase: "waking", Load: &LoadProgress{ReadBytes: 1 << 30, WeightBytes: 2 << 30, Progress: &half, LeftMs: &left}})
+		progress(Progress{Phase: "verifying"})
 		return nil
 	case "broken":
-		progress("waking")
+		progress(Progress{Phase: "waking"})
 		return errors.New("wake broken: health check failed: connection refused (3 of 3 attempts)")
 	}
 	return fmt.Errorf("%w: %q", ErrNotFound, model)
@@ -193,12 +195,22 @@ func TestClient_StatusSleepResetReload(t *testing.T) {
 func TestClient_WakeProgress(t *testing.T) {
 	c := serve(t, &fakeController{})
 	var phases []string
-	err := c.Wake(context.Background(), "m", func(p Progress) { phases = append(phases, p.Phase) })
+	var load *LoadProgress
+	err := c.Wake(context.Background(), "m", func(p Progress) {
+		phases = append(phases, p.Phase)
+		if p.Load != nil {
+			load = p.Load
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(phases, ",") != "waking,verifying,awake" {
+	if strings.Join(phases, ",") != "waking,waking,verifying,awake" {
 		t.Errorf("phases = %v", phases)
+	}
+	if load == nil || load.ReadBytes != 1<<30 || load.WeightBytes != 2<<30 || load.Progress == nil || *load.Progress != 0.5 ||
+		load.LeftMs == nil || *load.LeftMs != 3000 {
+		t.Errorf("load = %+v, want the half-way line through the wire", load)
 	}
 	err = c.Wake(context.Background(), "broken", nil)
 	if err == nil || !strings.Contains(err.Error(), "3 of 3 attempts") {

@@ -41,3 +41,26 @@ func (h *Hub) Subscribe() (<-chan Event, func()) {
 		})
 	}
 }
+
+// Changes is a signal after every event published from now on, coalesced
+// (one waiting signal says it all), and the function that ends it.
+func (h *Hub) Changes() (<-chan struct{}, func()) {
+	events, unsubscribe := h.Subscribe()
+	out := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-events:
+				select {
+				case out <- struct{}{}:
+				default:
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() { once.Do(func() { close(done); unsubscribe() }) }
+}

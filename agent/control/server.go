@@ -142,18 +142,19 @@ func (s *server) wake(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	rc := http.NewResponseController(w)
 	// Progress arrives from the agent's goroutines; the writer is ours alone.
-	phases := make(chan string, 16)
+	phases := make(chan Progress, 16)
 	done := make(chan error, 1)
 	go func() {
-		done <- s.c.Wake(r.Context(), model, func(p string) {
+		done <- s.c.Wake(r.Context(), model, func(p Progress) {
 			select {
 			case phases <- p:
 			default: // a slow reader loses intermediate phases, never the result
 			}
 		})
 	}()
-	emit := func(p string) {
-		_ = enc.Encode(Progress{Phase: p, ElapsedMs: time.Since(start).Milliseconds()})
+	emit := func(p Progress) {
+		p.ElapsedMs = time.Since(start).Milliseconds()
+		_ = enc.Encode(p)
 		_ = rc.Flush()
 	}
 	for {

@@ -23,6 +23,7 @@ package control
 
 import (
 	"context"
+	"github.com/napd/napd/agent/loadprogress"
 	"time"
 )
 
@@ -97,7 +98,9 @@ type ModelStatus struct {
 	IdleSince *time.Time `json:"idle_since,omitempty"`
 	// LastWakeMs is the duration of the last successful wake.
 	LastWakeMs int64 `json:"last_wake_ms,omitempty"`
-	Attempts   int   `json:"wake_attempts,omitempty"`
+	// Load is the load's progress while the model wakes, when measured.
+	Load     *LoadProgress `json:"load,omitempty"`
+	Attempts int           `json:"wake_attempts,omitempty"`
 	// EngineBytes is the engine's host memory (cgroup); absent when not measured.
 	EngineBytes *int64 `json:"engine_memory_bytes,omitempty"`
 	// GPUBytes is GPU memory held by the engine, per GPU index.
@@ -141,7 +144,12 @@ type HostMemory struct {
 
 // GPUMemory is one GPU's memory figures.
 type GPUMemory struct {
-	Index      int    `json:"index"`
+	Index int `json:"index"`
+	// Vendor is "nvidia", "amd" or "intel"; UUID NVIDIA's GPU-… or MIG-…
+	// (a MIG instance is a GPU of its own); PCI a DRM card's address.
+	Vendor     string `json:"vendor,omitempty"`
+	UUID       string `json:"uuid,omitempty"`
+	PCI        string `json:"pci,omitempty"`
 	Name       string `json:"name,omitempty"`
 	TotalBytes int64  `json:"total_bytes"`
 	UsedBytes  int64  `json:"used_bytes"`
@@ -158,7 +166,13 @@ type Event struct {
 	Reason string    `json:"reason,omitempty"`
 	// WakeMs is the wake's duration on a "wake" event that succeeded.
 	WakeMs int64 `json:"wake_ms,omitempty"`
+	// Load is a waking engine's load progress, on a "load" event.
+	Load *LoadProgress `json:"load,omitempty"`
 }
+
+// LoadProgress is how far a waking engine's load got
+// (docs/lifecycle.md#load-progress).
+type LoadProgress = loadprogress.Wire
 
 // FootprintSource is where a model's expected GPU footprint comes from.
 type FootprintSource string
@@ -180,6 +194,7 @@ const (
 	EventWake     EventKind = "wake"     // a wake finished; WakeMs when it succeeded
 	EventSleep    EventKind = "sleep"    // a model was put to sleep, or deeper
 	EventDecision EventKind = "decision" // a planner decision: Reason says it
+	EventLoad     EventKind = "load"     // a waking engine's load progress: Load
 	EventReload   EventKind = "reload"   // the config was reloaded (no Model)
 )
 
@@ -189,14 +204,17 @@ type Progress struct {
 	ElapsedMs int64  `json:"elapsed_ms"`
 	Done      bool   `json:"done,omitempty"`
 	Error     string `json:"error,omitempty"`
+	// Load is the load's progress while the engine wakes, when measured.
+	Load *LoadProgress `json:"load,omitempty"`
 }
 
 // Controller is what the server asks of the agent.
 type Controller interface {
 	Status() Status
 	// Wake wakes model and returns once it is awake (nil) or the wake
-	// failed; progress is called on each phase change.
-	Wake(ctx context.Context, model string, progress func(phase string)) error
+	// failed; progress is called on each phase change and each reading of
+	// the load's progress (Phase and Load set).
+	Wake(ctx context.Context, model string, progress func(Progress)) error
 	// Sleep puts model to sleep with strategy ("" = the model's own).
 	Sleep(ctx context.Context, model, strategy string) error
 	// Reset clears a failed model.

@@ -209,7 +209,9 @@ func (r *gpuReadings) use(log *slog.Logger, ms *Measurement, g gpu.Snapshot, err
 		r.totals = nil
 		for _, d := range g.Devices {
 			if d.HaveMemory {
-				r.totals = append(r.totals, planner.GPU{Index: d.Index, Total: d.Total, Free: d.Total})
+				t := PlannerGPU(d)
+				t.Free = d.Total
+				r.totals = append(r.totals, t)
 			}
 		}
 		ms.GPUs, ms.GPUFrom, ms.Totals = g, GPULive, r.totals
@@ -231,4 +233,26 @@ func (r *gpuReadings) use(log *slog.Logger, ms *Measurement, g gpu.Snapshot, err
 		log.Warn("gpu probe failed", "err", err, "fit_check", ms.GPUNote)
 	}
 	r.from, r.err = ms.GPUFrom, err.Error()
+}
+
+// PlannerGPU is a device as the planner sees it.
+func PlannerGPU(d gpu.Device) planner.GPU {
+	return planner.GPU{Index: d.Index, Total: d.Total, Free: d.Free, Vendor: d.Vendor, Alone: d.MIG()}
+}
+
+// GPUDevices are napd's GPU indexes as the vendors' runtimes know them, in
+// the last good reading: nil when there is none or it lacks one of them.
+func (p *Prober) GPUDevices(gpus []int) []supervisor.GPU {
+	p.readings.mu.Lock()
+	last := p.readings.last
+	p.readings.mu.Unlock()
+	out := make([]supervisor.GPU, 0, len(gpus))
+	for _, i := range gpus {
+		d, ok := last.Device(i)
+		if !ok {
+			return nil
+		}
+		out = append(out, supervisor.GPU{Vendor: d.Vendor, ID: d.Visible, Node: d.Node})
+	}
+	return out
 }

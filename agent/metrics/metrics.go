@@ -37,6 +37,7 @@ type Model struct {
 // GPU is one device's memory at scrape time.
 type GPU struct {
 	Index       string
+	Vendor      string // "nvidia", "amd", "intel"
 	Total, Used int64
 }
 
@@ -254,9 +255,9 @@ var (
 	descWeightsResident = prometheus.NewDesc("napd_weights_resident_bytes",
 		"Of the model's weight files, the bytes in the host's page cache.", []string{"model"}, nil)
 	descGPUTotal = prometheus.NewDesc("napd_gpu_memory_total_bytes",
-		"Total memory of each GPU.", []string{"gpu"}, nil)
+		"Total memory of each GPU (a MIG instance is one), by napd's index and vendor.", []string{"gpu", "vendor"}, nil)
 	descGPUUsed = prometheus.NewDesc("napd_gpu_memory_used_bytes",
-		"Used memory of each GPU.", []string{"gpu"}, nil)
+		"Used memory of each GPU (a MIG instance is one), by napd's index and vendor.", []string{"gpu", "vendor"}, nil)
 	descHostAvail = prometheus.NewDesc("napd_host_memory_available_bytes",
 		"Host MemAvailable.", nil, nil)
 	descPSI = prometheus.NewDesc("napd_memory_pressure_some_avg10",
@@ -305,8 +306,8 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, d := range s.GPUs {
-		ch <- prometheus.MustNewConstMetric(descGPUTotal, prometheus.GaugeValue, float64(d.Total), d.Index)
-		ch <- prometheus.MustNewConstMetric(descGPUUsed, prometheus.GaugeValue, float64(d.Used), d.Index)
+		ch <- prometheus.MustNewConstMetric(descGPUTotal, prometheus.GaugeValue, float64(d.Total), d.Index, d.Vendor)
+		ch <- prometheus.MustNewConstMetric(descGPUUsed, prometheus.GaugeValue, float64(d.Used), d.Index, d.Vendor)
 	}
 	if s.HostAvailable >= 0 {
 		ch <- prometheus.MustNewConstMetric(descHostAvail, prometheus.GaugeValue, float64(s.HostAvailable))

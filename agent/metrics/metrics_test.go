@@ -56,7 +56,7 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 			{Name: "a", State: lifecycle.Awake, QueueDepth: 3, Leases: 5, EngineBytes: 1 << 30, GPUBytes: map[string]int64{"0": 2 << 30}},
 			{Name: "b", State: lifecycle.Sleeping, EngineBytes: -1, WeightsBytes: 16 << 30, WeightsResident: 12 << 30},
 		},
-		GPUs:          []GPU{{Index: "0", Total: 80 << 30, Used: 10 << 30}},
+		GPUs:          []GPU{{Index: "0", Vendor: "nvidia", Total: 80 << 30, Used: 10 << 30}, {Index: "1", Vendor: "amd", Total: 192 << 30, Used: 1 << 30}},
 		HostAvailable: 4 << 30,
 		HavePSI:       true, PSISomeAvg10: 1.5,
 	}
@@ -88,7 +88,8 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 		{"napd_leases_in_flight", map[string]string{"model": "a"}, 5},
 		{"napd_engine_memory_bytes", map[string]string{"model": "a"}, 1 << 30},
 		{"napd_model_gpu_memory_bytes", map[string]string{"model": "a", "gpu": "0"}, 2 << 30},
-		{"napd_gpu_memory_total_bytes", map[string]string{"gpu": "0"}, 80 << 30},
+		{"napd_gpu_memory_total_bytes", map[string]string{"gpu": "0", "vendor": "nvidia"}, 80 << 30},
+		{"napd_gpu_memory_used_bytes", map[string]string{"gpu": "1", "vendor": "amd"}, 1 << 30},
 		{"napd_host_memory_available_bytes", nil, 4 << 30},
 		{"napd_weights_bytes", map[string]string{"model": "b"}, 16 << 30},
 		{"napd_weights_resident_bytes", map[string]string{"model": "b"}, 12 << 30},

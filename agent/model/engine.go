@@ -86,11 +86,13 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 	roomCtx, cancel := context.WithCancel(m.d.Ctx)
 	m.wakeStop, m.wakeOp = cancel, op
 	m.wokeAt, m.roomBy = m.now(), time.Time{}
+	m.load = nil
 	spec := m.spec
 	verify := m.eng.link.Verify()
 	stale := m.stale
 	m.stale, m.clearing = false, stale
 	cause := m.wakeCause
+	cfg := m.cfg
 	m.log.Info("waking", "attempt", attempt, "of", m.cfg.WakeAttempts)
 	go func() {
 		defer cancel()
@@ -115,7 +117,10 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 			m.do(func() { m.machine.RoomFound(m.now(), op); m.noteState(); m.publish() })
 		}
 		if gpus != nil {
-			spec.GPUs = gpus // chosen for this wake: CUDA_VISIBLE_DEVICES
+			spec.GPUs = gpus // chosen for this wake
+		}
+		if m.d.GPUDevices != nil && len(spec.GPUs) > 0 {
+			spec.Devices = m.d.GPUDevices(spec.GPUs) // CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, …
 		}
 		spec.Command, spec.Environment = config.ExpandGPUs(spec.Command, spec.Environment, spec.GPUs)
 		if c := spec.Container; c != nil {
@@ -139,6 +144,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 				}
 			})
 		}
+		m.startLoad(ctx, op, cfg, spec)
 		err = m.d.Supervisor.WakeVerified(ctx, spec, verify)
 		if err != nil {
 			m.d.Metrics.Wakes.WithLabelValues(m.name, wakeResult(err)).Inc()
@@ -154,6 +160,7 @@ func (m *Model) startWake(op lifecycle.Op, attempt int) {
 		m.do(func() {
 			if op == m.wakeOp {
 				m.wakeStop = nil
+				m.loadEnded(err == nil, m.now())
 			}
 			if err == nil {
 				m.replaceEngine(newInstance(spec, m.eng.link))

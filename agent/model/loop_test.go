@@ -694,6 +694,13 @@ func TestWakeExpandsGPUs(t *testing.T) {
 		c.Environment = map[string]string{"DEV": "${GPUS}"}
 	}, func(d *Deps) {
 		d.MakeRoom = func(context.Context, string, func(string)) ([]int, error) { return <-gpus, nil }
+		// The reading knows GPU 0 as ROCm's agent 2; not GPUs 1 and 3.
+		d.GPUDevices = func(g []int) []supervisor.GPU {
+			if slices.Equal(g, []int{0}) {
+				return []supervisor.GPU{{Vendor: "amd", ID: "2", Node: "/dev/dri/renderD130"}}
+			}
+			return nil
+		}
 	})
 	r.expect(lifecycle.Sleeping)
 	for _, want := range []string{"1,3", "0"} {
@@ -701,6 +708,9 @@ func TestWakeExpandsGPUs(t *testing.T) {
 		wake := r.next("wake")
 		if got := wake.spec.Command; !slices.Equal(got, []string{"engine", "--devices=" + want, "${HOME}"}) || wake.spec.Environment["DEV"] != want {
 			t.Errorf("wake started %q with %v, want --devices=%s", got, wake.spec.Environment, want)
+		}
+		if env := wake.spec.VisibleDevices(); want == "0" && env["ROCR_VISIBLE_DEVICES"] != "2" || want != "0" && env["CUDA_VISIBLE_DEVICES"] != want {
+			t.Errorf("wake on %s started with %v", want, env)
 		}
 		wake.reply <- nil
 		r.granted(a).Done(gateway.Outcome{})

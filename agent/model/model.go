@@ -36,6 +36,7 @@ import (
 	"github.com/napd/napd/agent/control"
 	"github.com/napd/napd/agent/lease"
 	"github.com/napd/napd/agent/lifecycle"
+	"github.com/napd/napd/agent/loadprogress"
 	"github.com/napd/napd/agent/metrics"
 	"github.com/napd/napd/agent/planner"
 	"github.com/napd/napd/agent/priority"
@@ -81,6 +82,10 @@ type Deps struct {
 	// waiting is told what for (the holders), on changes only. It runs on
 	// the wake's goroutine, never on the loop, and returns when ctx ends.
 	MakeRoom func(ctx context.Context, model string, waiting func(holders string)) ([]int, error)
+	// GPUDevices are napd's GPU indexes as the vendors' runtimes know
+	// them, from the last GPU reading (nil when it lacks one of them: the
+	// indexes are then taken for NVIDIA's). nil: never resolved.
+	GPUDevices func(gpus []int) []supervisor.GPU
 	// WaitingFor names the holders of the GPU memory the model's wake
 	// waits for, "" when it does not wait (for a 504's message).
 	WaitingFor func(model string) string
@@ -104,6 +109,8 @@ type Deps struct {
 	Ctx context.Context
 	// Usage accounts who used the box; nil: nobody does.
 	Usage Usage
+	// Load measures a waking engine's load; nil: it is not measured.
+	Load LoadMeter
 }
 
 // Usage is napd's accounting of GPU time per key (*usage.Ledger in
@@ -127,6 +134,8 @@ type Model struct {
 	stop chan struct{} // closed (once, by Shutdown) to end the loop
 	quit chan struct{} // closed when the loop has ended
 	once sync.Once
+	// loading: a router API load (Load) is under way.
+	loading atomic.Bool
 	// opMu serialises the supervisor calls for this model: a wake the
 	// machine gave up on may still be finishing (or cleaning up) when the
 	// next attempt starts.
@@ -171,6 +180,7 @@ type Model struct {
 	seen      lifecycle.Snapshot // the state last announced
 	sleepers  []chan error       // operator sleeps waiting for their outcome
 	wakes     planner.Recent     // durations of the recent verified wakes
+	tails     planner.Recent     // of those, the time from their last weight byte read to serving
 	requests  planner.Recent     // durations of the recent granted requests
 	typical   planner.Learned    // the typical of wakes and requests, as learn found it
 	base      *Snapshot          // the shared part of the snapshot published last
@@ -182,6 +192,12 @@ type Model struct {
 	freed     time.Time          // when the engine last gave its GPU memory back: a sleep, a stop, an exit
 	deeper    bool               // a move down the sleep ladder is in flight
 	roomBy    time.Time          // when the desk expects the room the wake waits for (RoomExpected); zero: unknown
+	// load is the load of the wake in flight as measured (nil: not
+	// measured, or not started), of an engine started with loadSpec;
+	// loadReading: a reading of it is in flight.
+	load        *loadprogress.Load
+	loadSpec    supervisor.Spec
+	loadReading bool
 }
 
 // instance is one engine as requests reach it: the spec it was started
@@ -254,6 +270,9 @@ type Snapshot struct {
 	// stop, an exit; zero before any): a GPU reading from about then may
 	// still show that memory, held by a process napd no longer knows.
 	Freed time.Time
+	// Load is the progress of the load while the model wakes, as of its
+	// last reading; nil when not measured.
+	Load *loadprogress.Status
 }
 
 // New returns the model for cfg, whose engine is started with spec. Its
@@ -469,6 +488,7 @@ func (m *Model) Tick() {
 	m.do(func() {
 		m.apply(m.machine.Tick(m.now(), m.drainEvidence()), nil)
 		m.watchTick()
+		m.loadTick()
 		m.releaseLate()
 		m.publish()
 	})
@@ -563,6 +583,7 @@ type published struct {
 	learned          planner.Learned
 	queued           *priority.Oldest
 	serving, recent  priority.Class
+	load             *loadprogress.Status
 }
 
 func (p *published) snapshot() Snapshot {
@@ -570,6 +591,7 @@ func (p *published) snapshot() Snapshot {
 	s.QueueDepth, s.Active, s.LastUsed = p.queueDepth, p.active, p.lastUsed
 	s.Oldest, s.Deadline, s.Learned = p.oldest, p.deadline, p.learned
 	s.Queued, s.Serving, s.Recent = p.queued, p.serving, p.recent
+	s.Load = p.load
 	return s
 }
 
@@ -581,7 +603,7 @@ func (m *Model) publish() {
 		m.base = b
 	}
 	p := &published{base: b, queueDepth: len(m.queue), active: m.active, lastUsed: m.lastUsed, learned: m.learned(),
-		serving: m.serving(), recent: m.recent}
+		serving: m.serving(), recent: m.recent, load: m.loadStatus()}
 	if len(m.queue) > 0 {
 		p.oldest, p.deadline = m.queue[0].arrived, m.queue[0].deadline
 		p.queued = new(priority.Oldest)

@@ -117,6 +117,11 @@ type GPU struct {
 	Index int
 	Total int64
 	Free  int64
+	// Vendor and Alone shape the sets Place chooses among: an engine runs
+	// on one vendor's GPUs, and on a MIG instance alone (CUDA gives a
+	// process one MIG instance).
+	Vendor string
+	Alone  bool
 }
 
 // Host is the host's memory evidence.

@@ -38,8 +38,10 @@ func Place(in Input, model string, count int, last []int) Placement {
 		m = in.Models[i]
 	}
 	var gpus []int
+	byIndex := make(map[int]GPU, len(in.GPUs))
 	for _, g := range in.GPUs {
 		gpus = append(gpus, g.Index)
+		byIndex[g.Index] = g
 	}
 	slices.Sort(gpus)
 	if count <= 0 || len(gpus) < count {
@@ -62,6 +64,9 @@ func Place(in Input, model string, count int, last []int) Placement {
 	var best Placement
 	var bestWorst int64
 	for _, set := range combinations(gpus, count) {
+		if !together(set, byIndex) {
+			continue
+		}
 		worst, per := headroom(set)
 		if worst >= 0 && slices.Equal(set, last) {
 			best, bestWorst = Placement{GPUs: set, Headroom: per}, worst
@@ -70,6 +75,9 @@ func Place(in Input, model string, count int, last []int) Placement {
 		if best.GPUs == nil || worst > bestWorst {
 			best, bestWorst = Placement{GPUs: set, Headroom: per}, worst
 		}
+	}
+	if best.GPUs == nil {
+		return Placement{Message: fmt.Sprintf("%s needs %d GPUs of one vendor, none of them a MIG instance", model, count)}
 	}
 	best.Fits = bestWorst >= 0
 	var parts []string
@@ -86,6 +94,20 @@ func Place(in Input, model string, count int, last []int) Placement {
 	best.Message = fmt.Sprintf("%s on GPU %s (%s, share %s each): %s after gpu_reserve %s",
 		model, joinInts(best.GPUs), why, gib(share), strings.Join(parts, ", "), gib(in.Pressure.GPUReserve))
 	return best
+}
+
+// together tells whether one engine can run on set: one vendor's GPUs, a
+// MIG instance only alone.
+func together(set []int, gpus map[int]GPU) bool {
+	if len(set) < 2 {
+		return true
+	}
+	for _, g := range set {
+		if d := gpus[g]; d.Alone || d.Vendor != gpus[set[0]].Vendor {
+			return false
+		}
+	}
+	return true
 }
 
 // combinations lists the k-element subsets of xs (sorted), in

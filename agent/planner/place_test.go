@@ -51,6 +51,29 @@ func TestPlace(t *testing.T) {
 	}
 }
 
+// A set is one vendor's GPUs, and a MIG instance only serves alone: on a
+// box with two NVIDIA GPUs (one split into MIG instances) and two AMD ones,
+// { count = 2 } gets the AMD pair though an NVIDIA pair would be freer.
+func TestPlace_OneVendorNoMIGPair(t *testing.T) {
+	in := roomy(model("x", state(lifecycle.Sleeping), footprint(20*GiB), onGPUs()))
+	in.GPUs = []GPU{
+		{Index: 0, Total: 40 * GiB, Free: 40 * GiB, Vendor: "nvidia", Alone: true},
+		{Index: 1, Total: 80 * GiB, Free: 80 * GiB, Vendor: "nvidia"},
+		{Index: 2, Total: 64 * GiB, Free: 30 * GiB, Vendor: "amd"},
+		{Index: 3, Total: 64 * GiB, Free: 30 * GiB, Vendor: "amd"},
+	}
+	if p := Place(in, "x", 2, nil); !slices.Equal(p.GPUs, []int{2, 3}) || !p.Fits {
+		t.Errorf("count 2: %+v, want the AMD pair", p)
+	}
+	if p := Place(in, "x", 1, nil); !slices.Equal(p.GPUs, []int{1}) {
+		t.Errorf("count 1: %+v, want the freest GPU", p)
+	}
+	in.GPUs = in.GPUs[:2]
+	if p := Place(in, "x", 2, nil); p.GPUs != nil || !strings.Contains(p.Message, "needs 2 GPUs of one vendor, none of them a MIG instance") {
+		t.Errorf("a MIG instance and a GPU: %+v, want no set", p)
+	}
+}
+
 func TestCombinations(t *testing.T) {
 	got := combinations([]int{0, 1, 2}, 2)
 	want := [][]int{{0, 1}, {0, 2}, {1, 2}}

@@ -146,6 +146,9 @@ type rig struct {
 	leases   map[string]int
 	events   []control.Event
 	measured int
+	// prober, when set, makes the measurements instead: real probes over
+	// what the test points them at.
+	prober *measure.Prober
 }
 
 func newRig(t *testing.T) *rig {
@@ -236,10 +239,13 @@ func (r *rig) rounds() int {
 
 // measure is Deps.Measure: the GPUs and engines as the test set them,
 // read at the desk's clock.
-func (r *rig) measure(_ context.Context, snaps []model.Snapshot) *measure.Measurement {
+func (r *rig) measure(ctx context.Context, snaps []model.Snapshot) *measure.Measurement {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.measured++
+	if r.prober != nil {
+		return r.prober.Measure(ctx, snaps)
+	}
 	ms := &measure.Measurement{At: r.clock.Now(), GPUFrom: measure.GPULive, Models: map[string]measure.Model{}}
 	for i, total := range r.gpus {
 		used := r.other[i]

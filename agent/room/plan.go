@@ -57,7 +57,7 @@ func (d *Desk) input(ms *measure.Measurement, models []Model) planner.Input {
 	}
 	for _, g := range ms.GPUs.Devices {
 		if g.HaveMemory {
-			in.GPUs = append(in.GPUs, planner.GPU{Index: g.Index, Total: g.Total, Free: g.Free})
+			in.GPUs = append(in.GPUs, measure.PlannerGPU(g))
 		}
 	}
 	for _, m := range models {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/napd/napd/agent/control"
+	"github.com/napd/napd/gpuvendor"
 )
 
 // Refresh is how often the page reloads itself.
@@ -83,11 +84,14 @@ type quotaView struct {
 }
 
 type gpuView struct {
-	Label    string
-	Used     string
-	Total    string
-	Percent  int
-	Segments []segment // by model, then other processes
+	Label  string
+	Vendor string // "amd", for the page's data attribute
+	// VendorName is shown beside the label: "AMD".
+	VendorName string
+	Used       string
+	Total      string
+	Percent    int
+	Segments   []segment // by model, then other processes
 }
 
 type segment struct {
@@ -108,6 +112,10 @@ type modelView struct {
 	GPU      string
 	LastWake string
 	Idle     string
+	// Load says a waking model's load progress ("" when not measured);
+	// LoadPercent is its fraction of the weights read ("" when unknown).
+	Load        string
+	LoadPercent string
 }
 
 func view(st control.Status, now time.Time) pageView {
@@ -163,6 +171,9 @@ func view(st control.Status, now time.Time) pageView {
 func gpuOf(g control.GPUMemory, models []control.ModelStatus) gpuView {
 	idx := strconv.Itoa(g.Index)
 	gv := gpuView{Label: "GPU " + idx, Used: humanBytes(g.UsedBytes), Total: humanBytes(g.TotalBytes)}
+	if g.Vendor != "" {
+		gv.Vendor, gv.VendorName = g.Vendor, gpuvendor.Name(g.Vendor)
+	}
 	if g.Name != "" {
 		gv.Label += " · " + g.Name
 	}
@@ -223,6 +234,13 @@ func modelOf(m control.ModelStatus, now time.Time) modelView {
 	}
 	if m.IdleSince != nil {
 		mv.Idle = age(now.Sub(*m.IdleSince))
+	}
+	if m.Load != nil {
+		ls := m.Load.Status()
+		mv.Load = ls.Text(m.Name)
+		if ls.HaveFraction {
+			mv.LoadPercent = fmt.Sprintf("%.0f", 100*ls.Fraction)
+		}
 	}
 	return mv
 }

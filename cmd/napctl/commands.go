@@ -39,6 +39,15 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	return nil
 }
 
+// vendorOf is a GPU's vendor for the status line, "[amd] " ("" from a napd
+// that does not say).
+func vendorOf(g control.GPUMemory) string {
+	if g.Vendor == "" {
+		return ""
+	}
+	return "[" + g.Vendor + "] "
+}
+
 // printStatus writes the table a person reads at a glance.
 func printStatus(w io.Writer, st control.Status, now time.Time) {
 	fmt.Fprintf(w, "napd %s · supervisor %s · %d models", st.Version, st.Supervisor, len(st.Models))
@@ -50,7 +59,7 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 	}
 	fmt.Fprintln(w)
 	for _, g := range st.GPUs {
-		fmt.Fprintf(w, "gpu %d %s: %s free of %s\n", g.Index, g.Name, bytesStr(g.FreeBytes), bytesStr(g.TotalBytes))
+		fmt.Fprintf(w, "gpu %d %s%s: %s free of %s\n", g.Index, vendorOf(g), g.Name, bytesStr(g.FreeBytes), bytesStr(g.TotalBytes))
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -78,6 +87,9 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 		}
 		if m.WeightsResident != nil {
 			fmt.Fprintf(w, "%s: weights %s of %s in the page cache\n", m.Name, bytesStr(*m.WeightsResident), bytesStr(m.Weights))
+		}
+		if m.Load != nil {
+			fmt.Fprintln(w, m.Load.Status().Text(m.Name))
 		}
 		if m.SleptWith != "" && m.State == lifecycle.Sleeping.String() {
 			fmt.Fprintf(w, "%s: asleep with %s\n", m.Name, m.SleptWith)
@@ -151,6 +163,7 @@ func (c *cli) wake(ctx context.Context, args []string) error {
 	tty := isTerminal(c.out)
 	start := time.Now()
 	phase := "requested"
+	var load *control.LoadProgress
 	var ticker <-chan time.Time
 	if tty {
 		t := time.NewTicker(100 * time.Millisecond)
@@ -163,15 +176,21 @@ func (c *cli) wake(ctx context.Context, args []string) error {
 		done <- c.client().Wake(ctx, model, func(p control.Progress) { progress <- p })
 	}()
 	line := func() {
-		fmt.Fprintf(c.out, "\r\033[K%s: %s %s", model, phase, durStr(time.Since(start)))
+		fmt.Fprintf(c.out, "\r\033[K%s", wakeLine(model, phase, load, time.Since(start)))
 	}
 	for {
 		select {
 		case p := <-progress:
-			phase = p.Phase
-			if tty {
+			// A load line off a terminal only at each tenth of the weights.
+			quiet := p.Phase == phase && p.Load != nil && load != nil && loadStep(p.Load) == loadStep(load)
+			phase, load = p.Phase, p.Load
+			switch {
+			case tty:
 				line()
-			} else if !p.Done && p.Phase != lifecycle.Awake.String() { // the final line says it
+			case p.Done || p.Phase == lifecycle.Awake.String() || quiet: // the final line says it
+			case load != nil:
+				fmt.Fprintln(c.out, wakeLine(model, phase, load, time.Duration(p.ElapsedMs)*time.Millisecond))
+			default:
 				fmt.Fprintf(c.out, "%s: %s (%s)\n", model, p.Phase, durStr(time.Duration(p.ElapsedMs)*time.Millisecond))
 			}
 		case <-ticker:
@@ -299,6 +318,9 @@ func eventLine(e control.Event) string {
 	}
 	if e.Reason != "" {
 		fmt.Fprintf(&b, " (%s)", e.Reason)
+	}
+	if e.Load != nil {
+		b.WriteString(strings.TrimPrefix(e.Load.Status().Text(""), " loading"))
 	}
 	return b.String()
 }

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,11 +12,17 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/napd/napd/gpuvendor"
+	"github.com/napd/napd/probes/drm"
 )
 
 const fixtures = "../testdata/nvidia-smi/"
 
 var quiet = slog.New(slog.DiscardHandler)
+
+// noDRM is a host without DRM cards.
+var noDRM = drm.Probe{Sys: "/nonexistent", Proc: "/nonexistent"}
 
 const (
 	uuid0 = "GPU-5d1f6a3e-8c2b-4f7e-9a1d-2b3c4d5e6f70"
@@ -32,8 +39,8 @@ func readFixture(t testing.TB, name string) []byte {
 }
 
 var twoH100 = []Device{
-	{Index: 0, UUID: uuid0, Name: "NVIDIA H100 80GB HBM3", Total: 81559 * mib, Used: 62071 * mib, Free: 18934 * mib, HaveMemory: true},
-	{Index: 1, UUID: uuid1, Name: "NVIDIA H100 80GB HBM3", Total: 81559 * mib, Used: 1 * mib, Free: 81004 * mib, HaveMemory: true},
+	{Index: 0, Vendor: gpuvendor.NVIDIA, UUID: uuid0, Name: "NVIDIA H100 80GB HBM3", Visible: "0", Node: "0", Total: 81559 * mib, Used: 62071 * mib, Free: 18934 * mib, HaveMemory: true},
+	{Index: 1, Vendor: gpuvendor.NVIDIA, UUID: uuid1, Name: "NVIDIA H100 80GB HBM3", Visible: "1", Node: "1", Total: 81559 * mib, Used: 1 * mib, Free: 81004 * mib, HaveMemory: true},
 }
 
 func TestParseSMIGPUs_Recorded(t *testing.T) {
@@ -61,7 +68,7 @@ func TestParseSMIGPUs_NameWithComma(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Device{Index: 3, UUID: "GPU-x", Name: "Odd, Board", Total: 100 * mib, Used: 40 * mib, Free: 60 * mib, HaveMemory: true}
+	want := Device{Index: 3, Vendor: gpuvendor.NVIDIA, UUID: "GPU-x", Name: "Odd, Board", Visible: "3", Node: "3", Total: 100 * mib, Used: 40 * mib, Free: 60 * mib, HaveMemory: true}
 	if len(got) != 1 || got[0] != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
@@ -209,7 +216,7 @@ func (failingNVML) Init() error { return errors.New("ERROR_LIBRARY_NOT_FOUND") }
 
 func TestOpen_FallsBackToNvidiaSMIOnPath(t *testing.T) {
 	fakeSMI(t, "gpus-2xh100.csv", "apps-2xh100.csv")
-	probe, closeFn := open(context.Background(), failingNVML{}, quiet)
+	probe, closeFn := open(context.Background(), failingNVML{}, noDRM, quiet)
 	defer closeFn()
 	snap, err := probe.Snapshot(context.Background())
 	if err != nil {
@@ -244,7 +251,7 @@ func TestSMI_DropsProcessOnUnknownGPU(t *testing.T) {
 
 func TestOpen_NoNVMLNoSMIMeansNoGPUs(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	probe, closeFn := open(context.Background(), failingNVML{}, quiet)
+	probe, closeFn := open(context.Background(), failingNVML{}, noDRM, quiet)
 	defer closeFn()
 	snap, err := probe.Snapshot(context.Background())
 	if err != nil || snap.Source != SourceNone || len(snap.Devices) != 0 {
@@ -258,9 +265,9 @@ func TestOpen_BrokenDriverMeansNoGPUs(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "couldn't communicate with the NVIDIA driver") {
 		t.Errorf("err = %v, want nvidia-smi's reason", err)
 	}
-	probe, _ := open(context.Background(), failingNVML{}, quiet)
-	if _, ok := probe.(None); !ok {
-		t.Errorf("probe = %T, want None", probe)
+	probe, _ := open(context.Background(), failingNVML{}, noDRM, quiet)
+	if c, ok := probe.(Combined); !ok || c.NVIDIA != (None{}) {
+		t.Errorf("probe = %#v, want None for NVIDIA", probe)
 	}
 }
 
@@ -297,6 +304,7 @@ type fakeDevice struct {
 	total, used, free uint64
 	procs             []NVMLProcess
 	fail              error
+	mig               []NVMLDevice // nil: not in MIG mode
 }
 
 func (f *fakeNVML) Init() error               { f.inited++; return nil }
@@ -315,6 +323,7 @@ func (d *fakeDevice) Memory() (uint64, uint64, uint64, error) {
 	return d.total, d.used, d.free, d.fail
 }
 func (d *fakeDevice) ComputeProcesses() ([]NVMLProcess, error) { return d.procs, nil }
+func (d *fakeDevice) MIG() ([]NVMLDevice, error)               { return d.mig, nil }
 
 func TestNVMLProbe_Snapshot(t *testing.T) {
 	lib := &fakeNVML{devices: []fakeDevice{
@@ -322,7 +331,7 @@ func TestNVMLProbe_Snapshot(t *testing.T) {
 			procs: []NVMLProcess{{PID: 10, Used: 60 << 30}, {PID: 11, Used: NVMLValueNotAvailable}}},
 		{uuid: uuid1, name: "NVIDIA H200", total: 140 << 30, free: 140 << 30},
 	}}
-	probe, closeFn := open(context.Background(), lib, quiet)
+	probe, closeFn := open(context.Background(), lib, noDRM, quiet)
 	snap, err := probe.Snapshot(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -330,8 +339,8 @@ func TestNVMLProbe_Snapshot(t *testing.T) {
 	want := Snapshot{
 		Source: SourceNVML,
 		Devices: []Device{
-			{Index: 0, UUID: uuid0, Name: "NVIDIA H200", Total: 140 << 30, Used: 100 << 30, Free: 40 << 30, HaveMemory: true},
-			{Index: 1, UUID: uuid1, Name: "NVIDIA H200", Total: 140 << 30, Free: 140 << 30, HaveMemory: true},
+			{Index: 0, Vendor: gpuvendor.NVIDIA, UUID: uuid0, Name: "NVIDIA H200", Visible: "0", Node: "0", Total: 140 << 30, Used: 100 << 30, Free: 40 << 30, HaveMemory: true},
+			{Index: 1, Vendor: gpuvendor.NVIDIA, UUID: uuid1, Name: "NVIDIA H200", Visible: "1", Node: "1", Total: 140 << 30, Free: 140 << 30, HaveMemory: true},
 		},
 		Processes: []Process{
 			{PID: 10, GPUIndex: 0, GPUUUID: uuid0, Used: 60 << 30, HaveUsed: true},
@@ -384,5 +393,150 @@ func TestModelUsage(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// recordedNVML loads NVML's answers from probes/testdata/nvml (README
+// there) as a fakeNVML.
+func recordedNVML(t *testing.T, name string) *fakeNVML {
+	t.Helper()
+	type rec struct {
+		UUID, Name        string
+		Total, Used, Free uint64
+		Processes         []struct{ PID, Used uint64 }
+		MIG               []*rec
+	}
+	var box struct{ Devices []rec }
+	b, err := os.ReadFile("../testdata/nvml/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &box); err != nil {
+		t.Fatal(err)
+	}
+	var dev func(r rec) fakeDevice
+	dev = func(r rec) fakeDevice {
+		d := fakeDevice{uuid: r.UUID, name: r.Name, total: r.Total, used: r.Used, free: r.Free}
+		for _, p := range r.Processes {
+			d.procs = append(d.procs, NVMLProcess{PID: uint32(p.PID), Used: p.Used})
+		}
+		if r.MIG != nil {
+			d.mig = make([]NVMLDevice, len(r.MIG))
+			for i, m := range r.MIG {
+				if m != nil {
+					md := dev(*m)
+					d.mig[i] = &md
+				}
+			}
+		}
+		return d
+	}
+	lib := &fakeNVML{}
+	for _, r := range box.Devices {
+		lib.devices = append(lib.devices, dev(r))
+	}
+	return lib
+}
+
+func TestNVMLProbe_MIGInstancesAreDevices(t *testing.T) {
+	probe, closeFn := open(context.Background(), recordedNVML(t, "h100-mig.json"), noDRM, quiet)
+	defer closeFn()
+	snap, err := probe.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mig0, mig2 = "MIG-8f4c2a1b-3d5e-5f60-8a7b-9c0d1e2f3a4b", "MIG-0b1c2d3e-4f50-5a6b-8c7d-8e9f0a1b2c3d"
+	want := []Device{
+		{Index: 0, Vendor: gpuvendor.NVIDIA, UUID: mig0, Name: "NVIDIA H100 80GB HBM3 MIG 3g.40gb", Visible: mig0, Node: "0:0",
+			Total: 42144366592, Used: 36507222016, Free: 5637144576, HaveMemory: true},
+		{Index: 1, Vendor: gpuvendor.NVIDIA, UUID: mig2, Name: "NVIDIA H100 80GB HBM3 MIG 2g.20gb", Visible: mig2, Node: "0:2",
+			Total: 20937965568, Used: 9865003008, Free: 11072962560, HaveMemory: true},
+		{Index: 2, Vendor: gpuvendor.NVIDIA, UUID: uuid1, Name: "NVIDIA H100 80GB HBM3", Visible: "1", Node: "1",
+			Total: 85520809984, Used: 64911884288, Free: 20608925696, HaveMemory: true},
+	}
+	if !reflect.DeepEqual(snap.Devices, want) {
+		t.Errorf("devices (GPU 0 gives way to its instances):\n got %+v\nwant %+v", snap.Devices, want)
+	}
+	if !snap.Devices[1].MIG() || snap.Devices[2].MIG() {
+		t.Error("MIG() does not tell the instance from the GPU")
+	}
+	// Per-process memory within each instance, attributed to its models.
+	usage := ModelUsage(map[string][]int{"big": {7100}, "small": {7200, 7201}, "whole": {7300}}, snap.Processes)
+	wantUsage := map[string]map[int]int64{"big": {0: 36305895424}, "small": {1: 9663676416}, "whole": {2: 64424509440}}
+	if !reflect.DeepEqual(usage, wantUsage) {
+		t.Errorf("usage = %v, want %v", usage, wantUsage)
+	}
+}
+
+// mixedDRM is the recorded NVIDIA+AMD box's DRM side.
+var mixedDRM = drm.Probe{Sys: "../testdata/drm/mixed/sys", Proc: "../testdata/drm/mixed/proc"}
+
+func TestCombined_MixedBoxNVIDIAFirst(t *testing.T) {
+	lib := &fakeNVML{devices: []fakeDevice{{uuid: uuid0, name: "NVIDIA H100 80GB HBM3", total: 80 << 30, used: 10 << 30, free: 70 << 30,
+		procs: []NVMLProcess{{PID: 6000, Used: 9 << 30}}}}}
+	probe, closeFn := open(context.Background(), lib, mixedDRM, quiet)
+	defer closeFn()
+	snap, err := probe.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Source != "nvml+drm" {
+		t.Errorf("source = %q", snap.Source)
+	}
+	want := []Device{
+		{Index: 0, Vendor: gpuvendor.NVIDIA, UUID: uuid0, Name: "NVIDIA H100 80GB HBM3", Visible: "0", Node: "0",
+			Total: 80 << 30, Used: 10 << 30, Free: 70 << 30, HaveMemory: true},
+		{Index: 1, Vendor: gpuvendor.AMD, Name: "AMD Instinct MI210", PCI: "0000:41:00.0", Visible: "0", Node: "/dev/dri/renderD128",
+			Total: 68702699520, Used: 17263755264, Free: 68702699520 - 17263755264, HaveMemory: true},
+	}
+	if !reflect.DeepEqual(snap.Devices, want) {
+		t.Errorf("devices:\n got %+v\nwant %+v", snap.Devices, want)
+	}
+	usage := ModelUsage(map[string][]int{"cuda": {6000}, "rocm": {6100}}, snap.Processes)
+	if want := (map[string]map[int]int64{"cuda": {0: 9 << 30}, "rocm": {1: 16 << 30}}); !reflect.DeepEqual(usage, want) {
+		t.Errorf("usage = %v, want %v", usage, want)
+	}
+}
+
+func TestCombined_DRMOnly(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	probe, _ := open(context.Background(), failingNVML{}, drm.Probe{Sys: "../testdata/drm/mi300x/sys", Proc: "../testdata/drm/mi300x/proc"}, quiet)
+	snap, err := probe.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Source != SourceDRM || len(snap.Devices) != 2 || snap.Devices[1].Visible != "1" || snap.Devices[1].Node != "/dev/dri/renderD129" {
+		t.Errorf("got %+v", snap)
+	}
+}
+
+// failingDRM is a sysfs that cannot be read.
+type failingDRM struct{}
+
+func (failingDRM) Read(context.Context) (drm.Reading, error) {
+	return drm.Reading{}, errors.New("permission denied")
+}
+
+func TestCombined_DRMFailureFailsSnapshot(t *testing.T) {
+	// The DRM cards' indexes follow NVIDIA's count: half a reading would
+	// move them.
+	_, err := Combined{NVIDIA: None{}, DRM: failingDRM{}}.Snapshot(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "drm: permission denied") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestCombined_IntelArc(t *testing.T) {
+	snap, err := Combined{NVIDIA: None{}, DRM: drm.Probe{Sys: "../testdata/drm/intel-arc/sys", Proc: "../testdata/drm/intel-arc/proc"}}.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Device{{Index: 0, Vendor: gpuvendor.Intel, Name: "Intel 8086:e20b", PCI: "0000:03:00.0", Visible: "0", Node: "/dev/dri/renderD129",
+		Total: 12 << 30, Used: 6 << 30, Free: 6 << 30, HaveMemory: true}}
+	if !reflect.DeepEqual(snap.Devices, want) {
+		t.Errorf("devices:\n got %+v\nwant %+v", snap.Devices, want)
+	}
+	if len(snap.Processes) != 1 || snap.Processes[0] != (Process{PID: 3300, GPUIndex: 0, Used: 6 << 30, HaveUsed: true}) {
+		t.Errorf("processes = %+v", snap.Processes)
 	}
 }

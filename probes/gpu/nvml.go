@@ -3,6 +3,9 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"strconv"
+
+	"github.com/napd/napd/gpuvendor"
 )
 
 // NVML is the part of the NVIDIA management library napd uses, so that a
@@ -24,7 +27,13 @@ type NVMLDevice interface {
 	Memory() (total, used, free uint64, err error)
 	// ComputeProcesses lists the compute processes on the device; a used
 	// figure of NVMLValueNotAvailable means the driver does not know it.
+	// On a MIG instance: the processes within it.
 	ComputeProcesses() ([]NVMLProcess, error)
+	// MIG lists the MIG instances of a GPU in MIG mode, by their MIG
+	// device index (NVML's handles, each a device with its own memory and
+	// processes; an index without an instance is nil); nil for a GPU not
+	// in MIG mode, or one that has no MIG.
+	MIG() ([]NVMLDevice, error)
 }
 
 // NVMLProcess is one compute process as NVML reports it.
@@ -70,22 +79,44 @@ func (p *NVMLProbe) Snapshot(ctx context.Context) (Snapshot, error) {
 		if err := ctx.Err(); err != nil {
 			return Snapshot{}, err
 		}
-		d, procs, err := p.device(i)
+		h, err := p.lib.Device(i)
 		if err != nil {
 			return Snapshot{}, fmt.Errorf("nvml device %d: %w", i, err)
 		}
-		snap.Devices = append(snap.Devices, d)
-		snap.Processes = append(snap.Processes, procs...)
+		migs, err := h.MIG()
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("nvml device %d: mig: %w", i, err)
+		}
+		if migs == nil {
+			d, procs, err := p.device(h, len(snap.Devices), strconv.Itoa(i))
+			if err != nil {
+				return Snapshot{}, fmt.Errorf("nvml device %d: %w", i, err)
+			}
+			snap.Devices = append(snap.Devices, d)
+			snap.Processes = append(snap.Processes, procs...)
+			continue
+		}
+		for m, mh := range migs {
+			if mh == nil {
+				continue
+			}
+			// nvidia-ctk's CDI name of an instance is GPU:MIG.
+			d, procs, err := p.device(mh, len(snap.Devices), strconv.Itoa(i)+":"+strconv.Itoa(m))
+			if err != nil {
+				return Snapshot{}, fmt.Errorf("nvml device %d: mig device %d: %w", i, m, err)
+			}
+			d.Visible = d.UUID // CUDA selects a MIG instance by its MIG-… UUID only
+			snap.Devices = append(snap.Devices, d)
+			snap.Processes = append(snap.Processes, procs...)
+		}
 	}
 	return snap, nil
 }
 
-func (p *NVMLProbe) device(i int) (Device, []Process, error) {
-	h, err := p.lib.Device(i)
-	if err != nil {
-		return Device{}, nil, err
-	}
-	d := Device{Index: i, HaveMemory: true}
+// device reads one device (a GPU or a MIG instance) as napd's device i.
+func (p *NVMLProbe) device(h NVMLDevice, i int, node string) (Device, []Process, error) {
+	d := Device{Index: i, Vendor: gpuvendor.NVIDIA, Visible: node, Node: node, HaveMemory: true}
+	var err error
 	if d.UUID, err = h.UUID(); err != nil {
 		return Device{}, nil, fmt.Errorf("uuid: %w", err)
 	}
@@ -103,7 +134,7 @@ func (p *NVMLProbe) device(i int) (Device, []Process, error) {
 	}
 	procs := make([]Process, 0, len(list))
 	for _, np := range list {
-		proc := Process{PID: int(np.PID), GPUIndex: i, GPUUUID: d.UUID}
+		proc := Process{PID: int(np.PID), GPUIndex: d.Index, GPUUUID: d.UUID}
 		if np.Used != NVMLValueNotAvailable {
 			proc.Used, proc.HaveUsed = int64(np.Used), true
 		}

@@ -60,3 +60,29 @@ func (g goDevice) ComputeProcesses() ([]NVMLProcess, error) {
 	}
 	return out, nil
 }
+
+func (g goDevice) MIG() ([]NVMLDevice, error) {
+	current, _, ret := g.d.GetMigMode()
+	if ret == nvml.ERROR_NOT_SUPPORTED || (ret == nvml.SUCCESS && current != nvml.DEVICE_MIG_ENABLE) {
+		return nil, nil
+	}
+	if err := check(ret); err != nil {
+		return nil, err
+	}
+	n, ret := g.d.GetMaxMigDeviceCount()
+	if err := check(ret); err != nil {
+		return nil, err
+	}
+	out := make([]NVMLDevice, n)
+	for i := range n {
+		h, ret := g.d.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND {
+			continue // no instance at this index
+		}
+		if err := check(ret); err != nil {
+			return nil, err
+		}
+		out[i] = goDevice{h}
+	}
+	return out, nil
+}

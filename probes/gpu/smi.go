@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/napd/napd/gpuvendor"
 )
 
 // Arguments of the two nvidia-smi queries. noheader,nounits makes every
@@ -116,7 +118,8 @@ func ParseSMIGPUs(out []byte) ([]Device, error) {
 		if f[1] == "" {
 			return nil, fmt.Errorf("line %d: empty uuid", n)
 		}
-		d := Device{Index: index, UUID: f[1], Name: name}
+		id := strconv.Itoa(index)
+		d := Device{Index: index, Vendor: gpuvendor.NVIDIA, UUID: f[1], Name: name, Visible: id, Node: id}
 		var known [3]bool
 		for i, dst := range []*int64{&d.Total, &d.Used, &d.Free} {
 			*dst, known[i], err = parseMiB(mem[i])

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/napd/napd/gpuvendor"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -58,7 +59,7 @@ func createArgs(spec supervisor.Spec, instance string, split bool) []string {
 	if split && c.Runtime == Podman {
 		args = append(args, "--cgroups=split")
 	}
-	args = append(args, gpuArgs(c.Runtime, spec.GPUs)...)
+	args = append(args, gpuArgs(c.Runtime, spec.GPUDevices())...)
 	for _, k := range slices.Sorted(maps.Keys(spec.Environment)) {
 		args = append(args, "--env", k)
 	}
@@ -79,27 +80,37 @@ func pullPolicy(p string) string {
 
 // gpuArgs passes the GPUs of the model's placement: docker's --gpus (the
 // NVIDIA Container Toolkit), podman's CDI devices (nvidia-ctk cdi
-// generate). docker splits the --gpus value at commas as CSV, so a list of
-// several devices is quoted once more, as its documentation shows
-// (--gpus '"device=0,1"').
-func gpuArgs(runtime string, gpus []int) []string {
-	if len(gpus) == 0 {
-		return nil
+// generate); for ROCm /dev/kfd and each card's render node, for Intel each
+// render node. The container sees only those, so no visibility variable
+// goes in. docker splits the --gpus value at commas as CSV, so a list of
+// several devices is quoted once more, as its documentation shows (--gpus
+// '"device=0,1"').
+func gpuArgs(runtime string, gpus []supervisor.GPU) []string {
+	var args, nvidia []string
+	kfd := false
+	for _, g := range gpus {
+		switch g.Vendor {
+		case gpuvendor.NVIDIA:
+			if runtime == Docker {
+				nvidia = append(nvidia, g.ID)
+			} else {
+				args = append(args, "--device", "nvidia.com/gpu="+g.Node)
+			}
+		case gpuvendor.AMD:
+			if !kfd {
+				args, kfd = append(args, "--device", "/dev/kfd"), true
+			}
+			args = append(args, "--device", g.Node)
+		default:
+			args = append(args, "--device", g.Node)
+		}
 	}
-	ids := make([]string, len(gpus))
-	for i, g := range gpus {
-		ids[i] = strconv.Itoa(g)
-	}
-	if runtime == Docker {
-		v := "device=" + strings.Join(ids, ",")
-		if len(ids) > 1 {
+	if len(nvidia) > 0 {
+		v := "device=" + strings.Join(nvidia, ",")
+		if len(nvidia) > 1 {
 			v = `"` + v + `"`
 		}
-		return []string{"--gpus", v}
-	}
-	var args []string
-	for _, id := range ids {
-		args = append(args, "--device", "nvidia.com/gpu="+id)
+		args = append([]string{"--gpus", v}, args...)
 	}
 	return args
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/gpuvendor"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -78,18 +79,31 @@ func TestCreateArgs_Podman(t *testing.T) {
 	}
 }
 
-// No GPUs asked, none passed; one docker GPU needs no inner quotes.
+// No GPUs asked, none passed; one docker GPU needs no inner quotes; a
+// MIG instance goes by its UUID to docker, its CDI name to podman; ROCm
+// gets /dev/kfd once and each render node, Intel each render node.
 func TestGPUArgs(t *testing.T) {
+	nv := func(id, node string) supervisor.GPU {
+		return supervisor.GPU{Vendor: gpuvendor.NVIDIA, ID: id, Node: node}
+	}
+	amd := func(id, node string) supervisor.GPU { return supervisor.GPU{Vendor: gpuvendor.AMD, ID: id, Node: node} }
+	mig := nv("MIG-8f4c2a1b-3d5e-5f60-8a7b-9c0d1e2f3a4b", "0:2")
 	for _, c := range []struct {
 		runtime string
-		gpus    []int
+		gpus    []supervisor.GPU
 		want    []string
 	}{
 		{Docker, nil, nil},
 		{Podman, nil, nil},
-		{Docker, []int{3}, []string{"--gpus", "device=3"}},
-		{Docker, []int{2, 5}, []string{"--gpus", `"device=2,5"`}},
-		{Podman, []int{3}, []string{"--device", "nvidia.com/gpu=3"}},
+		{Docker, []supervisor.GPU{nv("3", "3")}, []string{"--gpus", "device=3"}},
+		{Docker, []supervisor.GPU{nv("2", "2"), nv("5", "5")}, []string{"--gpus", `"device=2,5"`}},
+		{Podman, []supervisor.GPU{nv("3", "3")}, []string{"--device", "nvidia.com/gpu=3"}},
+		{Docker, []supervisor.GPU{mig}, []string{"--gpus", "device=" + mig.ID}},
+		{Podman, []supervisor.GPU{mig}, []string{"--device", "nvidia.com/gpu=0:2"}},
+		{Podman, []supervisor.GPU{amd("0", "/dev/dri/renderD128"), amd("1", "/dev/dri/renderD129")},
+			[]string{"--device", "/dev/kfd", "--device", "/dev/dri/renderD128", "--device", "/dev/dri/renderD129"}},
+		{Docker, []supervisor.GPU{amd("1", "/dev/dri/renderD129")}, []string{"--device", "/dev/kfd", "--device", "/dev/dri/renderD129"}},
+		{Docker, []supervisor.GPU{{Vendor: gpuvendor.Intel, ID: "0", Node: "/dev/dri/renderD129"}}, []string{"--device", "/dev/dri/renderD129"}},
 	} {
 		if got := gpuArgs(c.runtime, c.gpus); !slices.Equal(got, c.want) {
 			t.Errorf("%s %v: %q, want %q", c.runtime, c.gpus, got, c.want)

@@ -2,6 +2,7 @@ package process
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
 	"slices"
@@ -21,8 +22,9 @@ var systemdVars = []string{
 }
 
 // environ is the engine's environment: napd's own (so PATH and HOME work as
-// on the operator's shell), then the spec's variables, then
-// CUDA_VISIBLE_DEVICES from the spec's GPUs; sorted, without systemdVars.
+// on the operator's shell), then the spec's variables, then the GPUs'
+// visibility variables (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, …);
+// sorted, without systemdVars.
 func environ(base []string, spec supervisor.Spec) []string {
 	vars := make(map[string]string, len(base)+len(spec.Environment)+1)
 	for _, kv := range base {
@@ -33,13 +35,7 @@ func environ(base []string, spec supervisor.Spec) []string {
 	for k, v := range spec.Environment {
 		vars[k] = v
 	}
-	if len(spec.GPUs) > 0 {
-		ids := make([]string, len(spec.GPUs))
-		for i, g := range spec.GPUs {
-			ids[i] = strconv.Itoa(g)
-		}
-		vars["CUDA_VISIBLE_DEVICES"] = strings.Join(ids, ",")
-	}
+	maps.Copy(vars, spec.VisibleDevices())
 	for _, k := range systemdVars {
 		delete(vars, k)
 	}

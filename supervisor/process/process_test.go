@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/napd/napd/gpuvendor"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/supervisor"
 	"github.com/napd/napd/supervisor/internal/fakeengine"
@@ -438,6 +439,11 @@ func TestEnviron(t *testing.T) {
 		supervisor.Spec{Environment: map[string]string{"A": "spec", "LISTEN_PID": "1"}, GPUs: []int{0, 1}})
 	want := []string{"A=spec", "CUDA_VISIBLE_DEVICES=0,1", "PATH=/bin"}
 	if !slices.Equal(got, want) {
+		t.Errorf("environ = %q, want %q", got, want)
+	}
+	// AMD's devices get ROCm's variables instead.
+	got = environ(nil, supervisor.Spec{GPUs: []int{1}, Devices: []supervisor.GPU{{Vendor: gpuvendor.AMD, ID: "1", Node: "/dev/dri/renderD129"}}})
+	if want := []string{"HIP_VISIBLE_DEVICES=0", "ROCR_VISIBLE_DEVICES=1"}; !slices.Equal(got, want) {
 		t.Errorf("environ = %q, want %q", got, want)
 	}
 	// Without GPUs the inherited value stays.

@@ -18,8 +18,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -355,13 +353,7 @@ func (b *Backend) StopUnknown(ctx context.Context, keep []string) ([]string, err
 func transientProperties(spec supervisor.Spec) []sdbus.Property {
 	env := map[string]string{}
 	maps.Copy(env, spec.Environment)
-	if len(spec.GPUs) > 0 {
-		ids := make([]string, len(spec.GPUs))
-		for i, g := range spec.GPUs {
-			ids[i] = strconv.Itoa(g)
-		}
-		env["CUDA_VISIBLE_DEVICES"] = strings.Join(ids, ",")
-	}
+	maps.Copy(env, spec.VisibleDevices())
 	var envList []string
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		envList = append(envList, k+"="+env[k])

@@ -264,7 +264,6 @@ const (
 	noPorts     = "napd picks the port of each model that uses ${PORT} itself, and remembers it (state_dir/ports.json)"
 	noLogs      = "napd logs to the journal (journalctl -u napd)"
 	noMetrics   = "napd keeps no metrics history: Prometheus scrapes [agent] metrics_listen"
-	noUnlisted  = "napd lists every model in /v1/models"
 	noShown     = "napd shows no model name, description or metadata in /v1/models"
 	noStop      = "napd stops the engine itself: SIGTERM to its process group, SIGKILL after stop_timeout"
 	noCheckNone = "napd verifies every wake on a health path; set health to a path the engine answers 200 on"

@@ -198,8 +198,7 @@ func (c *conv) model(name string, p pair, taken map[string]bool) (Model, error) 
 			if v, err := c.boolean(q.v, what+".unlisted"); err != nil {
 				return Model{}, err
 			} else if v {
-				s.comment("unlisted: dropped: " + noUnlisted + ".")
-				c.dropped("%s.unlisted: %s", what, noUnlisted)
+				s.set("listed", false, "unlisted")
 			}
 		case "filters":
 			s.comment("filters: dropped: " + noFilters + ".")

@@ -1,12 +1,13 @@
-package agent
+package model
 
 import (
+	"context"
 	"testing"
 
 	"github.com/napd/napd/agent/lifecycle"
-	"github.com/napd/napd/agent/model"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/sleepmode"
+	"github.com/napd/napd/supervisor"
 )
 
 // napd's states in the router API's vocabulary.
@@ -29,26 +30,33 @@ func TestLoadState(t *testing.T) {
 		{lifecycle.Unverified, "", gateway.LoadUnloaded},
 		{lifecycle.Failed, "", gateway.LoadUnloaded},
 	} {
-		s := model.Snapshot{Lifecycle: lifecycle.Snapshot{State: tc.state}, Slept: tc.slept}
-		if got := loadState(s); got != tc.want {
+		s := Snapshot{Lifecycle: lifecycle.Snapshot{State: tc.state}, Slept: tc.slept}
+		if got := s.LoadState(); got != tc.want {
 			t.Errorf("%s (slept %q): %s, want %s", tc.state, tc.slept, got, tc.want)
 		}
 	}
 	var info gateway.ModelInfo
-	routerInfo(&info, model.Snapshot{Lifecycle: lifecycle.Snapshot{State: lifecycle.Failed}})
+	Snapshot{Lifecycle: lifecycle.Snapshot{State: lifecycle.Failed}}.RouterInfo(&info)
 	if !info.Failed || info.Load != gateway.LoadUnloaded {
 		t.Errorf("a failed model: %+v", info)
 	}
 }
 
-// One load per model at a time.
-func TestLoads(t *testing.T) {
-	var l loads
-	if !l.start("a") || l.start("a") || !l.start("b") {
-		t.Fatal("want one load per model")
+// A router API load wakes the model once: a second one while the first
+// is under way is refused, and one after it ended is taken.
+func TestLoad_OneAtATime(t *testing.T) {
+	r := newRig(t, supervisor.Stopped, nil)
+	if !r.m.Load(context.Background(), "ui", 0) {
+		t.Fatal("the first load was refused")
 	}
-	l.done("a")
-	if !l.start("a") {
-		t.Error("a load after the last one ended")
+	wake := r.next("wake")
+	if r.m.Load(context.Background(), "ui", 0) {
+		t.Error("a second load while the first is under way was taken")
+	}
+	wake.reply <- nil
+	r.until("awake", func(s Snapshot) bool { return s.Lifecycle.State == lifecycle.Awake })
+	r.until("the load ended", func(Snapshot) bool { return !r.m.loading.Load() })
+	if !r.m.Load(context.Background(), "ui", 0) {
+		t.Error("a load after the last one ended was refused")
 	}
 }

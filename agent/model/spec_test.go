@@ -1,4 +1,4 @@
-package agent
+package model
 
 import (
 	"slices"
@@ -16,7 +16,7 @@ func TestSpecOf_Container(t *testing.T) {
 		Command: []string{"--port", "${PORT}"}, Volumes: []string{"/srv/hf:/root/.cache/huggingface", "/run/e-${PORT}:/run/e"},
 		ContainerArgs: []string{"--ipc=host", "--label=port=${PORT}"}, Pull: "never", GPUs: []int{1},
 	}
-	spec := specOf(mc, 8101)
+	spec := SpecOf(mc, 8101)
 	c := spec.Container
 	if c == nil || c.Runtime != "podman" || c.Program != "/usr/bin/podman" || c.Image != mc.Image || c.Pull != "never" ||
 		!slices.Equal(c.Volumes, []string{"/srv/hf:/root/.cache/huggingface", "/run/e-8101:/run/e"}) ||
@@ -26,7 +26,7 @@ func TestSpecOf_Container(t *testing.T) {
 	if !slices.Equal(spec.Command, []string{"--port", "8101"}) || spec.User != "" || !slices.Equal(spec.GPUs, []int{1}) {
 		t.Errorf("spec %+v", spec)
 	}
-	if s := specOf(&config.Model{Name: "p", Command: []string{"engine"}}, 1); s.Container != nil {
+	if s := SpecOf(&config.Model{Name: "p", Command: []string{"engine"}}, 1); s.Container != nil {
 		t.Errorf("a process engine got a container: %+v", s.Container)
 	}
 }
