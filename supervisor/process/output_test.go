@@ -51,7 +51,7 @@ func TestCopyOutput_CopiesAllInOrder(t *testing.T) {
 		pw.Close()
 	}()
 	var got bytes.Buffer
-	copyOutput(&got, pr)
+	copyOutput(&got, pr, nil)
 	pr.Close()
 	if got.String() != want {
 		t.Errorf("copied %d bytes, want %d, in order", got.Len(), len(want))

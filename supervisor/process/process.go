@@ -259,15 +259,15 @@ func (b *Backend) spawn(spec supervisor.Spec) (*engine, error) {
 		b.groups[spec.Model] = r
 		b.saveGroups()
 	}
-	copied := make(chan struct{})
+	copied, exited := make(chan struct{}), make(chan struct{})
 	b.wg.Add(2)
 	go func() {
 		defer b.wg.Done()
 		defer close(copied)
-		copyOutput(out, pr)
+		copyOutput(out, pr, exited)
 		pr.Close()
 	}()
-	go b.wait(spec.Model, cmd, e, pr, copied)
+	go b.wait(spec.Model, cmd, e, pr, exited, copied)
 	return e, nil
 }
 
@@ -280,9 +280,13 @@ const outputBatch = 50 * time.Millisecond
 // reading each as it came woke napd as often, about 100 µs of napd's CPU
 // and seven thread switches per request behind llama-server. After a read
 // that emptied the pipe it waits outputBatch, so the lines written
-// meanwhile are read and logged in one go.
-func copyOutput(out io.Writer, pr *os.File) {
+// meanwhile are read and logged in one go; once exited is closed (the
+// engine's group is gone) it waits no more, so that a stop is not held up
+// by the batching.
+func copyOutput(out io.Writer, pr *os.File, exited <-chan struct{}) {
 	buf := make([]byte, 64<<10)
+	batch := time.NewTimer(outputBatch)
+	defer batch.Stop()
 	for {
 		n, err := pr.Read(buf)
 		if n > 0 {
@@ -292,7 +296,11 @@ func copyOutput(out io.Writer, pr *os.File) {
 			return
 		}
 		if n < len(buf) {
-			time.Sleep(outputBatch)
+			batch.Reset(outputBatch)
+			select {
+			case <-exited:
+			case <-batch.C:
+			}
 		}
 	}
 }
@@ -308,7 +316,7 @@ func growPipe(pw *os.File) {
 
 // wait reaps the leader, kills what is left of its group (an engine's
 // workers must not outlive it), records the exit and reports it.
-func (b *Backend) wait(model string, cmd *exec.Cmd, e *engine, pr *os.File, copied <-chan struct{}) {
+func (b *Backend) wait(model string, cmd *exec.Cmd, e *engine, pr *os.File, exited chan<- struct{}, copied <-chan struct{}) {
 	defer b.wg.Done()
 	_ = cmd.Wait()
 	at := time.Now()
@@ -318,6 +326,7 @@ func (b *Backend) wait(model string, cmd *exec.Cmd, e *engine, pr *os.File, copi
 	}
 	_ = syscall.Kill(-e.pid, syscall.SIGKILL)
 	b.awaitGone(func() []int { return b.fs.groupPIDs(e.pid) }, "pgid", e.pid)
+	close(exited)
 	_ = pr.SetReadDeadline(time.Now().Add(outputGrace))
 	<-copied
 
