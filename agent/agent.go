@@ -43,11 +43,13 @@ import (
 	"github.com/napd/napd/agent/servers"
 	"github.com/napd/napd/agent/statuspage"
 	"github.com/napd/napd/agent/usage"
+	"github.com/napd/napd/agent/warmweights"
 	"github.com/napd/napd/gateway"
 	"github.com/napd/napd/internal/statefile"
 	"github.com/napd/napd/probes/enginemetrics"
 	"github.com/napd/napd/probes/gpu"
 	"github.com/napd/napd/probes/host"
+	"github.com/napd/napd/probes/pagecache"
 	"github.com/napd/napd/supervisor"
 )
 
@@ -97,7 +99,8 @@ type Agent struct {
 	tracker *lease.Tracker
 	sup     *supervisor.Supervisor
 	prober  *measure.Prober
-	desk    *room.Desk    // the make-room desk and the planner's rounds
+	desk    *room.Desk // the make-room desk and the planner's rounds
+	weights *warmweights.Keeper
 	ports   *memo.Store   // ports napd allocated for port = 0 models
 	usage   *usage.Ledger // GPU time and more per key (usage.json)
 	metrics *metrics.Metrics
@@ -195,6 +198,9 @@ func Run(ctx context.Context, opts Options) error {
 		},
 	})
 
+	a.weights = warmweights.New(warmweights.Deps{Models: a.snapshots, Config: a.cfg.Load, Host: a.prober.Host,
+		Cache: pagecache.Cache{Rate: warmweights.Rate}, Clock: a.clock, Log: log})
+
 	plan, err := a.planRegistry(cfg, nil)
 	if err != nil {
 		return err
@@ -212,10 +218,11 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	a.helpers.Add(4)
+	a.helpers.Add(5)
 	go a.pumpEngineEvents()
 	go a.ticker(runCtx)
 	go func() { defer a.helpers.Done(); a.desk.Run(runCtx) }()
+	go func() { defer a.helpers.Done(); a.weights.Run(runCtx) }()
 	go func() { defer a.helpers.Done(); a.notify.Status(runCtx, a.statusLine) }()
 	a.desk.WarmOnStart(runCtx)
 	go a.notify.Watchdog(runCtx, a.healthy)
@@ -477,10 +484,25 @@ func (a *Agent) healthy() error {
 }
 
 // statusChanged is told of every model state change: the STATUS= line,
-// and the make-room desk (memory may be coming back).
+// the make-room desk (memory may be coming back) and the weights keeper
+// (an engine stopped, or a wake starts).
 func (a *Agent) statusChanged() {
 	a.notify.Kick()
 	a.desk.Poke()
+	a.weights.Poke()
+}
+
+// snapshots are the local models' snapshots now.
+func (a *Agent) snapshots() []model.Snapshot {
+	reg := a.reg.Load()
+	if reg == nil {
+		return nil
+	}
+	out := make([]model.Snapshot, len(reg.list))
+	for i, m := range reg.list {
+		out[i] = m.Snapshot()
+	}
+	return out
 }
 
 // statusLine is systemd's STATUS= line now.

@@ -62,6 +62,9 @@ func (a *Agent) Status() control.Status {
 		}
 		fp := a.desk.Footprint(s)
 		row.Footprint, row.FootprintSource, row.FootprintFrom = fp.Bytes, fp.Source, fp.From
+		if r, ok := a.weights.Residency(m.Name()); ok {
+			row.Weights, row.WeightsResident = r.Bytes, &r.Resident
+		}
 		if holders := a.desk.WaitingFor(m.Name()); holders != "" {
 			row.RoomWaiting, row.WaitingFor = s.QueueDepth, holders
 		}
@@ -164,6 +167,9 @@ func (a *Agent) metricsSnapshot() metrics.Snapshot {
 		s := m.Snapshot()
 		ev, _ := a.tracker.Evidence(m.Name())
 		mm := metrics.Model{Name: m.Name(), State: s.Lifecycle.State, QueueDepth: s.QueueDepth, Leases: ev.Active, EngineBytes: -1}
+		if r, ok := a.weights.Residency(m.Name()); ok {
+			mm.WeightsBytes, mm.WeightsResident = r.Bytes, r.Resident
+		}
 		if ms != nil {
 			if me, ok := ms.Models[m.Name()]; ok {
 				if me.Proc.HaveMemory {

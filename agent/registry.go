@@ -259,6 +259,9 @@ func (g *gatewayModels) List() []gateway.ModelInfo {
 		if holders := g.agent().desk.WaitingFor(m.Name()); holders != "" {
 			info.RoomWaiting, info.WaitingFor = s.QueueDepth, holders
 		}
+		if r, ok := g.agent().weights.Residency(m.Name()); ok {
+			info.Weights, info.WeightsResident = r.Bytes, r.Resident
+		}
 		s.RouterInfo(&info)
 		out = append(out, info)
 	}

@@ -60,6 +60,9 @@ func main() {
 	flag.BoolVar(&o.swapsOnly, "swaps-only", false, "run only the swap workload and print its figures")
 	flag.IntVar(&o.interactive, "interactive", 12, "interactive requests per run of the priorities workload")
 	flag.BoolVar(&o.prioritiesOnly, "priorities-only", false, "run only the priorities workload and print its figures")
+	flag.BoolVar(&o.warmOnly, "warm-only", false, "run only the warm-weights workload and print its figures")
+	flag.Int64Var(&o.warmSize, "warm-size", 2<<30, "warm-weights workload: bytes of each model's weights file")
+	flag.StringVar(&o.warmDir, "warm-dir", "", "warm-weights workload: directory on the disk to measure (empty: the temporary directory; not a tmpfs)")
 	flag.BoolVar(&o.wrkOnly, "wrk-only", false, "run only the wrk comparisons (the real engine's too) and print their figures")
 	flag.BoolVar(&o.realOnly, "real-only", false, "run only the real-engine comparison and print its figures")
 	flag.StringVar(&o.llamaServer, "llama-server", "", "llama.cpp's llama-server binary: the real-engine comparison runs on it (with -gguf)")
@@ -106,6 +109,9 @@ type options struct {
 	swapsOnly      bool
 	interactive    int
 	prioritiesOnly bool
+	warmOnly       bool
+	warmSize       int64
+	warmDir        string
 	wrkOnly        bool
 	realOnly       bool
 	llamaServer    string
@@ -118,6 +124,9 @@ type options struct {
 
 func run(o options) error {
 	switch {
+	case o.warmOnly:
+		return alone(&report{}, 15*time.Minute, func(ctx context.Context, r *report) (err error) { r.warm, err = runWarm(ctx, o, step); return err },
+			func(r *report, b *strings.Builder) { r.warm.markdown(b) })
 	case o.progressOnly:
 		return alone(&report{}, 10*time.Minute, func(ctx context.Context, r *report) error { return r.runProgress(ctx, o, step) },
 			(*report).progressMarkdown)
@@ -301,6 +310,9 @@ func run(o options) error {
 	}
 	if err := r.runPriorityRuns(ctx, o, step); err != nil {
 		return err
+	}
+	if r.warm, err = runWarm(ctx, o, step); err != nil {
+		return fmt.Errorf("warm weights: %w", err)
 	}
 	if err := r.runProgress(ctx, o, step); err != nil {
 		return err

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -90,7 +89,7 @@ sleep = "stop"
 	var out []progressRound
 	for _, m := range progressModels {
 		for i := range rounds {
-			if err := pagecache.Drop(weights); err != nil {
+			if err := (pagecache.Cache{}).Drop(weights); err != nil {
 				return nil, fmt.Errorf("evict the weights: %w", err)
 			}
 			r, err := progressWake(ctx, c, m.name)
@@ -115,19 +114,8 @@ func writeWeights(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	buf := make([]byte, 8<<20)
-	_, _ = rand.Read(buf)
-	for written := 0; written < progressSize; written += len(buf) {
-		if _, err := f.Write(buf); err != nil {
-			f.Close()
-			return "", err
-		}
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return "", err
-	}
-	return f.Name(), f.Close()
+	f.Close()
+	return f.Name(), writeRandom(f.Name(), progressSize)
 }
 
 // progressWake wakes the model with napctl's call, recording each reading

@@ -80,6 +80,7 @@ type report struct {
 	real                         realFigures
 	allocs                       []goBench // BenchmarkProxy: direct, gateway
 	scale                        scaleFigures
+	warm                         *warmFigures
 	progress                     []progressRound
 }
 
@@ -196,6 +197,9 @@ with it. The model is put to sleep again between rows.
 	r.recordingMarkdown(&b)
 	r.swapMarkdown(&b)
 	r.priorityMarkdown(&b)
+	if r.warm != nil {
+		r.warm.markdown(&b)
+	}
 	r.progressMarkdown(&b)
 	return strings.TrimRight(b.String(), "\n") + "\n"
 }

@@ -140,6 +140,9 @@ type listedModel struct {
 		State   string
 		Aliases []string
 		AliasOf *string `json:"alias_of"`
+		Weights int64   `json:"weights_bytes"`
+		// Resident is nil for a model without weight files.
+		Resident *int64 `json:"weights_resident_bytes"`
 	}
 }
 
@@ -179,6 +182,9 @@ func TestGateway_AliasesListed(t *testing.T) {
 	}
 	if data[0].Napd.AliasOf != nil {
 		t.Errorf("model entry has alias_of")
+	}
+	if m1, m2 := data[0].Napd, data[2].Napd; m1.Weights != 8<<30 || m1.Resident == nil || *m1.Resident != 2<<30 || m2.Resident != nil {
+		t.Errorf("weights: m1 %d resident %v, m2 resident %v; want 8 GiB, 2 GiB, none", m1.Weights, m1.Resident, m2.Resident)
 	}
 	if one := listModels(t, e, "/v1/models/a1")[0]; one.ID != "a1" || *one.Napd.AliasOf != "m1" {
 		t.Errorf("/v1/models/a1: %+v", one)

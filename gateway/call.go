@@ -728,6 +728,9 @@ type modelNapd struct {
 	AliasOf     string   `json:"alias_of,omitempty"`
 	RoomWaiting int      `json:"room_waiting,omitempty"`
 	WaitingFor  string   `json:"waiting_for,omitempty"`
+	// Weights and WeightsResident: only for a model with weight files.
+	Weights         int64  `json:"weights_bytes,omitempty"`
+	WeightsResident *int64 `json:"weights_resident_bytes,omitempty"`
 	// Load is how far the load got while the model wakes, when measured.
 	Load *loadprogress.Wire `json:"load,omitempty"`
 }
@@ -739,6 +742,9 @@ func (c *call) entry(m ModelInfo, alias string) modelEntry {
 		ID: m.Name, Object: "model", Created: c.g.created, OwnedBy: "napd",
 		Napd:   modelNapd{State: m.State, Reason: m.Reason, Aliases: m.Aliases, RoomWaiting: m.RoomWaiting, WaitingFor: m.WaitingFor},
 		Status: c.status(m),
+	}
+	if m.Weights > 0 {
+		e.Napd.Weights, e.Napd.WeightsResident = m.Weights, &m.WeightsResident
 	}
 	if m.Loading != nil {
 		e.Napd.Load = m.Loading.Wire()

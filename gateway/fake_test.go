@@ -60,7 +60,7 @@ func (f *fakeModels) Resolve(name string) (string, bool) {
 
 func (f *fakeModels) List() []ModelInfo {
 	infos := []ModelInfo{
-		{Name: "m1", Aliases: []string{"a1"}, State: "awake", Serving: true},
+		{Name: "m1", Aliases: []string{"a1"}, State: "awake", Serving: true, Weights: 8 << 30, WeightsResident: 2 << 30},
 		{Name: "m2", State: "failed", Reason: "exit status 1 after 3 attempts"},
 	}
 	f.mu.Lock()

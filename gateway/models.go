@@ -96,6 +96,9 @@ type ModelInfo struct {
 	// WaitingFor ("" when it does not wait).
 	RoomWaiting int
 	WaitingFor  string
+	// Weights is the size of its weight files napd knows of (0: none),
+	// WeightsResident how much of them is in the page cache.
+	Weights, WeightsResident int64
 
 	// For llama.cpp's router API (router.go), also in /v1/models:
 	// Load is its state in that vocabulary ("" is unloaded); Failed, a

@@ -97,6 +97,17 @@ func clock(s string, end bool) (int, error) {
 	return h*60 + m, nil
 }
 
+// InWindow reports whether one of the model's keep_awake windows holds at
+// now (in the host's time zone).
+func (m *Model) InWindow(now time.Time) bool {
+	for _, w := range m.KeepAwake {
+		if w.Contains(now.Local()) {
+			return true
+		}
+	}
+	return false
+}
+
 // Contains reports whether t (in the location it carries: the host's for
 // napd) falls within the window.
 func (w Window) Contains(t time.Time) bool {

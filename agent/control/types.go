@@ -108,7 +108,12 @@ type ModelStatus struct {
 	// Footprint is the expected GPU footprint: configured, measured, or
 	// estimated before the first wake (FootprintSource says which;
 	// FootprintFrom what an estimate was made from).
-	Footprint       int64           `json:"footprint_bytes,omitempty"`
+	Footprint int64 `json:"footprint_bytes,omitempty"`
+	// Weights is the size of the model's weight files napd knows of,
+	// WeightsResident how much of them is in the page cache (nil: no
+	// weight files known; docs/memory.md#weights-kept-warm).
+	Weights         int64           `json:"weights_bytes,omitempty"`
+	WeightsResident *int64          `json:"weights_resident_bytes,omitempty"`
 	FootprintSource FootprintSource `json:"footprint_source,omitempty"`
 	FootprintFrom   string          `json:"footprint_from,omitempty"`
 	// GPUs are the GPUs the model runs on or wakes on: its fixed list, or

@@ -29,6 +29,9 @@ type Model struct {
 	Leases      int
 	EngineBytes int64 // engine's own memory (cgroup); <0 = not measured
 	GPUBytes    map[string]int64
+	// WeightsBytes of weight files napd knows of (0: none, no series),
+	// WeightsResident of them in the page cache.
+	WeightsBytes, WeightsResident int64
 }
 
 // GPU is one device's memory at scrape time.
@@ -247,6 +250,10 @@ var (
 		"Host memory of the model's engine (its cgroup).", []string{"model"}, nil)
 	descModelGPU = prometheus.NewDesc("napd_model_gpu_memory_bytes",
 		"GPU memory held by the model's engine processes.", []string{"model", "gpu"}, nil)
+	descWeights = prometheus.NewDesc("napd_weights_bytes",
+		"Size of the model's weight files napd knows of (docs/memory.md#weights-kept-warm).", []string{"model"}, nil)
+	descWeightsResident = prometheus.NewDesc("napd_weights_resident_bytes",
+		"Of the model's weight files, the bytes in the host's page cache.", []string{"model"}, nil)
 	descGPUTotal = prometheus.NewDesc("napd_gpu_memory_total_bytes",
 		"Total memory of each GPU (a MIG instance is one), by napd's index and vendor.", []string{"gpu", "vendor"}, nil)
 	descGPUUsed = prometheus.NewDesc("napd_gpu_memory_used_bytes",
@@ -268,7 +275,7 @@ type gauges Metrics
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descQueue, descLeases, descEngineMem,
-		descModelGPU, descGPUTotal, descGPUUsed, descHostAvail, descPSI, descByteSeconds, descWakesCaused, descSwapsCaused} {
+		descModelGPU, descWeights, descWeightsResident, descGPUTotal, descGPUUsed, descHostAvail, descPSI, descByteSeconds, descWakesCaused, descSwapsCaused} {
 		ch <- d
 	}
 }
@@ -289,6 +296,10 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(m.Leases), m.Name)
 		if m.EngineBytes >= 0 {
 			ch <- prometheus.MustNewConstMetric(descEngineMem, prometheus.GaugeValue, float64(m.EngineBytes), m.Name)
+		}
+		if m.WeightsBytes > 0 {
+			ch <- prometheus.MustNewConstMetric(descWeights, prometheus.GaugeValue, float64(m.WeightsBytes), m.Name)
+			ch <- prometheus.MustNewConstMetric(descWeightsResident, prometheus.GaugeValue, float64(m.WeightsResident), m.Name)
 		}
 		for gpu, b := range m.GPUBytes {
 			ch <- prometheus.MustNewConstMetric(descModelGPU, prometheus.GaugeValue, float64(b), m.Name, gpu)

@@ -54,7 +54,7 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 	snap := Snapshot{
 		Models: []Model{
 			{Name: "a", State: lifecycle.Awake, QueueDepth: 3, Leases: 5, EngineBytes: 1 << 30, GPUBytes: map[string]int64{"0": 2 << 30}},
-			{Name: "b", State: lifecycle.Sleeping, EngineBytes: -1},
+			{Name: "b", State: lifecycle.Sleeping, EngineBytes: -1, WeightsBytes: 16 << 30, WeightsResident: 12 << 30},
 		},
 		GPUs:          []GPU{{Index: "0", Vendor: "nvidia", Total: 80 << 30, Used: 10 << 30}, {Index: "1", Vendor: "amd", Total: 192 << 30, Used: 1 << 30}},
 		HostAvailable: 4 << 30,
@@ -91,6 +91,8 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 		{"napd_gpu_memory_total_bytes", map[string]string{"gpu": "0", "vendor": "nvidia"}, 80 << 30},
 		{"napd_gpu_memory_used_bytes", map[string]string{"gpu": "1", "vendor": "amd"}, 1 << 30},
 		{"napd_host_memory_available_bytes", nil, 4 << 30},
+		{"napd_weights_bytes", map[string]string{"model": "b"}, 16 << 30},
+		{"napd_weights_resident_bytes", map[string]string{"model": "b"}, 12 << 30},
 		{"napd_memory_pressure_some_avg10", nil, 1.5},
 		{"napd_requests_total", map[string]string{"model": "a", "client": "alice", "code": "200"}, 1},
 		{"napd_requests_total", map[string]string{"model": "a", "client": "bob", "code": "200"}, 1},
@@ -121,6 +123,9 @@ func TestMetrics_ScrapeParses(t *testing.T) {
 	}
 	if _, ok := value(f["napd_engine_memory_bytes"], map[string]string{"model": "b"}); ok {
 		t.Error("unmeasured engine memory must not be exported as a number")
+	}
+	if _, ok := value(f["napd_weights_resident_bytes"], map[string]string{"model": "a"}); ok {
+		t.Error("a model without weight files has a weights series")
 	}
 
 	h := f["napd_request_duration_seconds"].GetMetric()[0].GetHistogram()

@@ -77,7 +77,7 @@ func (d *Desk) input(ms *measure.Measurement, models []Model) planner.Input {
 			GPUBytes:       mm.GPUBytes,
 			YieldAfter:     s.Config.YieldAfter,
 			Learned:        s.Learned,
-			KeepAwake:      inWindow(s.Config, ms.At),
+			KeepAwake:      s.Config.InWindow(ms.At),
 			Slept:          s.Slept,
 			DeepSleep:      s.Config.DeepSleep,
 			DeepSleepAfter: s.Config.DeepSleepAfter,

@@ -12,17 +12,6 @@ import (
 	"github.com/napd/napd/request"
 )
 
-// inWindow reports whether one of the model's keep_awake windows holds at
-// now (the host's time zone).
-func inWindow(c *config.Model, now time.Time) bool {
-	for _, w := range c.KeepAwake {
-		if w.Contains(now.Local()) {
-			return true
-		}
-	}
-	return false
-}
-
 // windowStarts names the models one of whose keep_awake windows started in
 // (after, now]: they are woken when they fit.
 func windowStarts(models []*config.Model, after, now time.Time) []string {

@@ -10,7 +10,7 @@ import (
 
 // A hand-advanced clock crosses a weekday window's start once a day: the
 // model is named at the first tick at or after 08:00 on each weekday, and
-// never on the weekend; inWindow follows the window.
+// never on the weekend; InWindow follows the window.
 func TestWindowStarts_HandAdvancedClock(t *testing.T) {
 	w, err := config.ParseWindow("Mon..Fri 08:00..18:30")
 	if err != nil {
@@ -27,7 +27,7 @@ func TestWindowStarts_HandAdvancedClock(t *testing.T) {
 		}
 		hm := clock.Hour()*60 + clock.Minute()
 		weekday := clock.Weekday() != time.Saturday && clock.Weekday() != time.Sunday
-		if got, want := inWindow(models[0], clock), weekday && hm >= 8*60 && hm < 18*60+30; got != want {
+		if got, want := models[0].InWindow(clock), weekday && hm >= 8*60 && hm < 18*60+30; got != want {
 			t.Fatalf("inWindow at %s = %v", clock, got)
 		}
 	}

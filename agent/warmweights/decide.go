@@ -11,12 +11,6 @@ import (
 	"time"
 )
 
-// Budget values of [policy] warm_weights besides a size in bytes.
-const (
-	BudgetAuto int64 = -1 // as much as host memory allows
-	BudgetOff  int64 = 0
-)
-
 // Candidate is one stopped model with weight files, as the caller saw it.
 type Candidate struct {
 	Model string
@@ -57,7 +51,8 @@ type Decision struct {
 }
 
 // Decide chooses which stopped models' weights to keep warm within the
-// budget (BudgetAuto, BudgetOff or a size), given the host now.
+// budget ([policy] warm_weights: config.WarmWeightsAuto, 0 for off, or a
+// size), given the host now.
 //
 // Auto is what MemAvailable holds above host_reserve; a size is that,
 // capped at the size. Clean page cache counts in MemAvailable, so what
@@ -74,7 +69,7 @@ func Decide(cands []Candidate, budget int64, h Host) Decision {
 	order := slices.Clone(cands)
 	slices.SortStableFunc(order, func(a, b Candidate) int { return likelier(b, a) - likelier(a, b) })
 	switch {
-	case budget == BudgetOff:
+	case budget == 0:
 		return Decision{Drop: drops(order, true, 0), Why: "warm_weights is off"}
 	case !h.HaveMem:
 		return Decision{Why: "no host memory reading"}
@@ -150,4 +145,10 @@ func drops(order []Candidate, all bool, short int64) []string {
 	return out
 }
 
-func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+// gib is a size for logs and notes: GiB, or MiB below one.
+func gib(b int64) string {
+	if b < 1<<30 {
+		return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+}

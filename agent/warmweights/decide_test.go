@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/napd/napd/agent/config"
 )
 
 const gb = 1 << 30
@@ -30,7 +32,7 @@ func check(t *testing.T, d Decision, warm, drop []string) {
 
 func TestDecide_AutoWarmsMostRecentWhileTheyFit(t *testing.T) {
 	// 25 GiB above the reserve: two of the three, the most recent ones.
-	d := Decide(three(), BudgetAuto, roomy(27*gb))
+	d := Decide(three(), config.WarmWeightsAuto, roomy(27*gb))
 	check(t, d, []string{"c", "b"}, nil)
 	if d.Budget != 25*gb {
 		t.Fatalf("budget %d, want 25 GiB", d.Budget)
@@ -41,8 +43,8 @@ func TestDecide_WindowAndWarmOnStartComeFirst(t *testing.T) {
 	c := three()
 	c[0].InWindow = true    // a: its keep_awake window holds now
 	c[1].WarmOnStart = true // b
-	check(t, Decide(c, BudgetAuto, roomy(100*gb)), []string{"a", "b", "c"}, nil)
-	check(t, Decide(c, BudgetAuto, roomy(13*gb)), []string{"a"}, nil)
+	check(t, Decide(c, config.WarmWeightsAuto, roomy(100*gb)), []string{"a", "b", "c"}, nil)
+	check(t, Decide(c, config.WarmWeightsAuto, roomy(13*gb)), []string{"a"}, nil)
 }
 
 func TestDecide_SizeCapsAndSkipsWhatDoesNotFit(t *testing.T) {
@@ -55,7 +57,7 @@ func TestDecide_ResidentIsNotWarmedAgainButEvictedIs(t *testing.T) {
 	c := three()
 	c[2].Resident, c[2].Warmed = 10*gb, true
 	c[1].Resident, c[1].Warmed = 4*gb, true // partly evicted
-	check(t, Decide(c, BudgetAuto, roomy(100*gb)), []string{"b", "a"}, nil)
+	check(t, Decide(c, config.WarmWeightsAuto, roomy(100*gb)), []string{"b", "a"}, nil)
 }
 
 func TestDecide_WarmedThatNoLongerFitIsDropped(t *testing.T) {
@@ -63,10 +65,10 @@ func TestDecide_WarmedThatNoLongerFitIsDropped(t *testing.T) {
 	for i := range c {
 		c[i].Resident, c[i].Warmed = 10*gb, true
 	}
-	check(t, Decide(c, BudgetAuto, roomy(14*gb)), nil, []string{"a", "b"})
+	check(t, Decide(c, config.WarmWeightsAuto, roomy(14*gb)), nil, []string{"a", "b"})
 	// Pages napd did not warm are the kernel's: not dropped.
 	c[0].Warmed = false
-	check(t, Decide(c, BudgetAuto, roomy(14*gb)), nil, []string{"b"})
+	check(t, Decide(c, config.WarmWeightsAuto, roomy(14*gb)), nil, []string{"b"})
 }
 
 func TestDecide_HostShortfallDropsLeastLikelyFirst(t *testing.T) {
@@ -75,11 +77,11 @@ func TestDecide_HostShortfallDropsLeastLikelyFirst(t *testing.T) {
 		c[i].Resident, c[i].Warmed = 8*gb, true
 	}
 	// 1 GiB available, 2 GiB reserve: 1 GiB short, a alone covers it.
-	check(t, Decide(c, BudgetAuto, roomy(gb)), nil, []string{"a"})
+	check(t, Decide(c, config.WarmWeightsAuto, roomy(gb)), nil, []string{"a"})
 	// 9 GiB short: a and b.
 	h := roomy(gb)
 	h.Reserve = 10 * gb
-	check(t, Decide(c, BudgetAuto, h), nil, []string{"a", "b"})
+	check(t, Decide(c, config.WarmWeightsAuto, h), nil, []string{"a", "b"})
 }
 
 func TestDecide_PSIDropsOneARoundAndWarmsNothing(t *testing.T) {
@@ -88,7 +90,7 @@ func TestDecide_PSIDropsOneARoundAndWarmsNothing(t *testing.T) {
 	c[2].Resident, c[2].Warmed = 10*gb, true
 	h := roomy(100 * gb)
 	h.Pressed = true
-	check(t, Decide(c, BudgetAuto, h), nil, []string{"b"})
+	check(t, Decide(c, config.WarmWeightsAuto, h), nil, []string{"b"})
 }
 
 func TestDecide_OffDropsAllNapdWarmed(t *testing.T) {
@@ -96,11 +98,11 @@ func TestDecide_OffDropsAllNapdWarmed(t *testing.T) {
 	c[0].Resident, c[0].Warmed = gb, true
 	c[2].Resident, c[2].Warmed = gb, true
 	c[1].Resident = gb
-	check(t, Decide(c, BudgetOff, roomy(100*gb)), nil, []string{"a", "c"})
+	check(t, Decide(c, 0, roomy(100*gb)), nil, []string{"a", "c"})
 }
 
 func TestDecide_NoMemoryReadingDoesNothing(t *testing.T) {
 	c := three()
 	c[0].Resident, c[0].Warmed = gb, true
-	check(t, Decide(c, BudgetAuto, Host{}), nil, nil)
+	check(t, Decide(c, config.WarmWeightsAuto, Host{}), nil, nil)
 }

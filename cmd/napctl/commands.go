@@ -85,6 +85,9 @@ func printStatus(w io.Writer, st control.Status, now time.Time) {
 		if m.FootprintSource == control.FootprintEstimated {
 			fmt.Fprintf(w, "%s: footprint %s estimated from %s (until measured)\n", m.Name, bytesStr(m.Footprint), m.FootprintFrom)
 		}
+		if m.WeightsResident != nil {
+			fmt.Fprintf(w, "%s: weights %s of %s in the page cache\n", m.Name, bytesStr(*m.WeightsResident), bytesStr(m.Weights))
+		}
 		if m.Load != nil {
 			fmt.Fprintln(w, m.Load.Status().Text(m.Name))
 		}

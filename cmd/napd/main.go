@@ -18,6 +18,7 @@ import (
 
 	"github.com/napd/napd/agent"
 	"github.com/napd/napd/agent/config"
+	"github.com/napd/napd/agent/warmweights"
 	"github.com/napd/napd/supervisor/backend"
 )
 
@@ -91,7 +92,7 @@ func run(o options, stdout, stderr io.Writer) error {
 			fmt.Fprintln(stderr, w.String())
 		}
 		fmt.Fprintf(stdout, "%s: ok (%s)\n", o.configPath, cfg.Summary())
-		for _, note := range cfg.CheckNotes() {
+		for _, note := range append(cfg.CheckNotes(), warmweights.Notes(cfg)...) {
 			fmt.Fprintln(stdout, note)
 		}
 		return nil

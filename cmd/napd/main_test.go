@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -233,5 +234,28 @@ func TestRun_StartRefusesAForeignStateDir(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(state); len(entries) != 0 {
 		t.Errorf("napd wrote into the foreign state_dir: %v", entries)
+	}
+}
+
+// napd --check says per model which weight files it would keep warm.
+func TestRun_CheckSaysWhatItKeepsWarm(t *testing.T) {
+	dir := t.TempDir()
+	w := filepath.Join(dir, "m.gguf")
+	if err := os.WriteFile(w, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := writeConfig(t, fmt.Sprintf("[models.a]\ncommand = [\"e\", \"${PORT}\", %q]\nsleep = \"stop\"\n"+
+		"[models.b]\ncommand = [\"e\", \"${PORT}\"]\nsleep = \"vllm-l1\"\nweights = [%q]\n", w, dir))
+	var stdout, stderr bytes.Buffer
+	if err := run(options{configPath: path, check: true}, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{
+		"weights of a: 1 file, 1 MiB, kept warm while its engine is stopped and host memory allows\n",
+		`weights of b: 1 file, 1 MiB, not kept warm: its engine is never stopped (sleep = "vllm-l1", deep_sleep = "none")` + "\n",
+	} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout = %q, want it to hold %q", stdout.String(), want)
+		}
 	}
 }

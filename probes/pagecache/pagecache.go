@@ -4,11 +4,12 @@
 // much of them is resident, and drops them from it: napd keeps a sleeping
 // model's weight files warm so that its next wake reads them from RAM.
 //
-// Warming runs at idle I/O priority (IOPRIO_CLASS_IDLE), so that it only
-// uses the disk when nothing else does; residency is mincore(2) over a
+// Warming runs at idle I/O priority (IOPRIO_CLASS_IDLE) and idle CPU
+// priority (SCHED_IDLE), so that it only uses the disk and the CPU when
+// nothing else does; residency is mincore(2) over a
 // read-only mapping, which maps no page in; Drop is
 // posix_fadvise(POSIX_FADV_DONTNEED), which drops only clean pages no
-// process has mapped. It owns no goroutine beyond a call's own.
+// process has mapped. It owns no goroutine.
 package pagecache
 
 import (
@@ -16,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -31,7 +33,7 @@ const Chunk = 8 << 20
 // 25 MiB vector.
 const mincoreWindow = 1 << 30
 
-// ioprio_set(2)'s constants (linux/ioprio.h). x/sys has only the syscall
+// ioprio_get(2) and ioprio_set(2)'s constants (linux/ioprio.h). x/sys has only the syscall
 // numbers of ioprio_set, mincore and readahead (the build is for 64-bit
 // Linux: readahead's offset is one register).
 const (
@@ -40,9 +42,18 @@ const (
 	ioprioClassShift = 13
 )
 
+// Cache is the host's page cache. Its zero value is ready.
+type Cache struct {
+	// Rate paces Warm, in bytes per second (0: as fast as the disk):
+	// the kernel's share of reading a file in (page allocation, I/O
+	// completion) is CPU that no priority keeps from a busy host's
+	// requests, so it is spread thin.
+	Rate int64
+}
+
 // Resident returns how many bytes of the file at path are in the page
 // cache, and its size.
-func Resident(path string) (resident, size int64, err error) {
+func (Cache) Resident(path string) (resident, size int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, 0, err
@@ -85,27 +96,39 @@ func residentRange(fd int, off, n, page int64) (int64, error) {
 	return pages * page, nil
 }
 
-// Warm reads the file at path into the page cache, a Chunk at a time, at
-// idle I/O priority, and returns when every chunk was asked for (the
+// Warm reads the file at path into the page cache, a Chunk at a time
+// (paced to Rate), at idle I/O and CPU priority, and returns when every chunk was asked for (the
 // reads may still complete after it returns) or ctx ended. Pages already
 // resident cost the kernel a lookup only, so warming a warm file again
 // is cheap.
-func Warm(ctx context.Context, path string) error {
-	done := make(chan error, 1)
-	go func() {
-		// The thread's I/O priority is its own: the thread is never
-		// unlocked, so it exits with this goroutine and the idle
-		// priority reaches no other goroutine.
-		runtime.LockOSThread()
-		done <- warm(ctx, path)
-	}()
-	return <-done
+func (c Cache) Warm(ctx context.Context, path string) error {
+	// I/O and CPU priorities are the thread's: they are set on a locked
+	// thread and put back before the thread is unlocked. The thread must
+	// not be left to exit instead: an engine the exec supervisor forked
+	// from it would get its Pdeathsig.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// Best effort, both: without them warming still runs, at the
+	// thread's priorities. SCHED_IDLE because readahead allocates and
+	// inserts the pages on the calling thread: CPU that a request on a
+	// busy host should have first.
+	old, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0)
+	if e == 0 {
+		if _, _, e := unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, ioprioClassIdle<<ioprioClassShift); e == 0 {
+			defer unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, old)
+		}
+	}
+	if sched, err := unix.SchedGetAttr(0, 0); err == nil {
+		idle := *sched
+		idle.Policy, idle.Nice, idle.Priority = unix.SCHED_IDLE, 0, 0
+		if unix.SchedSetAttr(0, &idle, 0) == nil {
+			defer unix.SchedSetAttr(0, sched, 0)
+		}
+	}
+	return c.warm(ctx, path)
 }
 
-func warm(ctx context.Context, path string) error {
-	// Best effort: without the idle class (a kernel or scheduler
-	// without it) warming still runs, at the default priority.
-	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, ioprioClassIdle<<ioprioClassShift)
+func (c Cache) warm(ctx context.Context, path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -115,20 +138,47 @@ func warm(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	var buf []byte // for a filesystem without readahead(2)
+	// readahead(2) is a hint: it reads at most the device's readahead
+	// window or I/O size per call (read_ahead_kb, max_sectors_kb) and
+	// skips pages it cannot allocate at once. A chunk it left short is
+	// read with pread, which reads it all; so is every chunk on a
+	// filesystem without readahead (EINVAL).
+	var buf []byte
+	noReadahead := false
+	page := int64(os.Getpagesize())
+	fd := int(f.Fd())
+	start := time.Now()
 	for off := int64(0); off < fi.Size(); off += Chunk {
+		if c.Rate > 0 {
+			due := start.Add(time.Duration(float64(off) / float64(c.Rate) * float64(time.Second)))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Until(due)):
+			}
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		n := min(fi.Size()-off, Chunk)
-		if buf == nil {
-			_, _, e := unix.Syscall(unix.SYS_READAHEAD, f.Fd(), uintptr(off), uintptr(n))
-			if e != unix.EINVAL {
-				if e != 0 {
-					return fmt.Errorf("readahead %s: %w", path, e)
-				}
+		if !noReadahead {
+			_, _, e := unix.Syscall(unix.SYS_READAHEAD, uintptr(fd), uintptr(off), uintptr(n))
+			switch {
+			case e == unix.EINVAL:
+				noReadahead = true
+			case e != 0:
+				return fmt.Errorf("readahead %s: %w", path, e)
+			}
+		}
+		if !noReadahead {
+			r, err := residentRange(fd, off, n, page)
+			if err != nil {
+				return fmt.Errorf("residency of %s: %w", path, err)
+			}
+			if r >= n {
 				continue
 			}
+		}
+		if buf == nil {
 			buf = make([]byte, Chunk)
 		}
 		if _, err := f.ReadAt(buf[:n], off); err != nil {
@@ -140,7 +190,7 @@ func warm(ctx context.Context, path string) error {
 
 // Drop asks the kernel to drop the file's clean pages from the page
 // cache. Pages another process has mapped, or dirty ones, stay.
-func Drop(path string) error {
+func (Cache) Drop(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err

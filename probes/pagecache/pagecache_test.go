@@ -7,12 +7,17 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // weights writes a file of size bytes (not a multiple of the page size)
 // and syncs it, so that its pages are clean and Drop can drop them.
+var c Cache
+
 func weights(t *testing.T, size int) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "w.safetensors")
@@ -38,7 +43,7 @@ func weights(t *testing.T, size int) string {
 
 func resident(t *testing.T, path string) int64 {
 	t.Helper()
-	r, _, err := Resident(path)
+	r, _, err := c.Resident(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,18 +56,18 @@ func resident(t *testing.T, path string) int64 {
 func TestWarmDropResident(t *testing.T) {
 	const size = 3*Chunk + 12345
 	path := weights(t, size)
-	r, got, err := Resident(path)
+	r, got, err := c.Resident(path)
 	if err != nil || got != size || r < 0 || r > size {
 		t.Fatalf("Resident = %d of %d, %v; want 0..%d of %d", r, got, err, size, size)
 	}
-	if err := Drop(path); err != nil {
+	if err := c.Drop(path); err != nil {
 		t.Fatal(err)
 	}
 	dropped := resident(t, path)
 	if dropped == size {
 		t.Logf("the kernel kept all %d bytes after POSIX_FADV_DONTNEED: eviction not observable here", size)
 	}
-	if err := Warm(context.Background(), path); err != nil {
+	if err := c.Warm(context.Background(), path); err != nil {
 		t.Fatal(err)
 	}
 	// readahead returns once the reads are queued: wait for them, bounded.
@@ -73,7 +78,7 @@ func TestWarmDropResident(t *testing.T) {
 	if r := resident(t, path); r != size {
 		t.Fatalf("after Warm %d of %d bytes resident (after Drop: %d)", r, size, dropped)
 	}
-	if err := Drop(path); err != nil {
+	if err := c.Drop(path); err != nil {
 		t.Fatal(err)
 	}
 	if after := resident(t, path); dropped < size && after >= size {
@@ -83,12 +88,12 @@ func TestWarmDropResident(t *testing.T) {
 
 func TestWarmCancelled(t *testing.T) {
 	path := weights(t, 2*Chunk)
-	if err := Drop(path); err != nil {
+	if err := c.Drop(path); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := Warm(ctx, path); !errors.Is(err, context.Canceled) {
+	if err := c.Warm(ctx, path); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Warm(cancelled) = %v, want context.Canceled", err)
 	}
 }
@@ -98,20 +103,61 @@ func TestEmptyAndMissing(t *testing.T) {
 	if err := os.WriteFile(empty, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if r, size, err := Resident(empty); err != nil || r != 0 || size != 0 {
+	if r, size, err := c.Resident(empty); err != nil || r != 0 || size != 0 {
 		t.Fatalf("Resident(empty) = %d, %d, %v", r, size, err)
 	}
-	if err := Warm(context.Background(), empty); err != nil {
+	if err := c.Warm(context.Background(), empty); err != nil {
 		t.Fatalf("Warm(empty) = %v", err)
 	}
 	missing := filepath.Join(t.TempDir(), "missing")
-	if _, _, err := Resident(missing); !errors.Is(err, os.ErrNotExist) {
+	if _, _, err := c.Resident(missing); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("Resident(missing) = %v", err)
 	}
-	if err := Warm(context.Background(), missing); !errors.Is(err, os.ErrNotExist) {
+	if err := c.Warm(context.Background(), missing); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("Warm(missing) = %v", err)
 	}
-	if err := Drop(missing); !errors.Is(err, os.ErrNotExist) {
+	if err := c.Drop(missing); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("Drop(missing) = %v", err)
+	}
+}
+
+// Warm leaves the calling thread's I/O and CPU priorities as they were.
+func TestWarmRestoresIOPriority(t *testing.T) {
+	path := weights(t, Chunk)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0)
+	if e != 0 {
+		t.Skipf("ioprio_get: %v", e)
+	}
+	sched, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		t.Skipf("sched_getattr: %v", err)
+	}
+	if err := c.Warm(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	if after, _, _ := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0); after != before {
+		t.Fatalf("I/O priority %#x after Warm, %#x before", after, before)
+	}
+	if after, err := unix.SchedGetAttr(0, 0); err != nil || after.Policy != sched.Policy || after.Nice != sched.Nice {
+		t.Fatalf("scheduling %+v, %v after Warm; %+v before", after, err, sched)
+	}
+}
+
+// A paced warm takes at least size/Rate (the pacing's lower bound, not a
+// timing) and still reads the whole file in.
+func TestWarmPaced(t *testing.T) {
+	path := weights(t, 3*Chunk)
+	if err := c.Drop(path); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := (Cache{Rate: 10 * Chunk}).Warm(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	// The third chunk is asked for at 2 Chunks / Rate.
+	if took := time.Since(start); took < 200*time.Millisecond {
+		t.Fatalf("warm took %v, faster than the rate allows", took)
 	}
 }
