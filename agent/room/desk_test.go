@@ -149,6 +149,9 @@ type rig struct {
 	// prober, when set, makes the measurements instead: real probes over
 	// what the test points them at.
 	prober *measure.Prober
+	// onMeasure, when set, runs once a measurement is made (a model's
+	// state changing while the probes run).
+	onMeasure func(ms *measure.Measurement)
 }
 
 func newRig(t *testing.T) *rig {
@@ -262,6 +265,9 @@ func (r *rig) measure(ctx context.Context, snaps []model.Snapshot) *measure.Meas
 			mm.GPUBytes = maps(r.held[name])
 		}
 		ms.Models[name] = mm
+	}
+	if r.onMeasure != nil {
+		r.onMeasure(ms)
 	}
 	return ms
 }
@@ -774,6 +780,30 @@ func TestDesk_FootprintEstimates(t *testing.T) {
 		}
 		if fp := r.desk.Footprint(files.Snapshot()); fp.Bytes != want {
 			t.Errorf("the files were read again: %+v", fp)
+		}
+	})
+}
+
+// A holder that turned serving while the measurement ran was not scraped
+// by it (it was waking): its evidence is judged at the next round, so the
+// waiter behind it waits rather than being refused as behind a holder
+// whose idleness cannot be proven (tests/planner saw it under a CPU hog).
+func TestDesk_JustAwakeHolderIsNotUntracked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		a := r.add("a", 16*GiB, lifecycle.Waking)
+		r.hold("a", 0, 16*GiB)
+		r.setEngine("a", planner.EngineNone) // not scraped: waking when measured
+		r.setLeases("a", 1)                  // its stream
+		b := r.add("b", 16*GiB, lifecycle.Sleeping)
+		r.onMeasure = func(ms *measure.Measurement) {
+			a.set(func(s *model.Snapshot) { s.Lifecycle.State, s.Lifecycle.Since = lifecycle.Awake, ms.At.Add(time.Nanosecond) })
+		}
+		r.run()
+		bw := r.wake(b, t0)
+		synctest.Wait()
+		if bw.answered() {
+			t.Fatalf("refused (%v) behind a model awake since after the measurement", bw.err)
 		}
 	})
 }

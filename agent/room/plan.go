@@ -88,6 +88,14 @@ func (d *Desk) input(ms *measure.Measurement, models []Model) planner.Input {
 		if s.Lifecycle.State == lifecycle.Unsupported {
 			pm.State = lifecycle.Awake // serving; the machine re-checks the proof
 		}
+		if s.Lifecycle.State.Serving() && s.Lifecycle.Since.After(ms.At) {
+			// It turned serving after the measurement began, which did
+			// not scrape it then: its evidence is judged at the next
+			// round, as a waking model's is, not taken as none (a holder
+			// whose idleness cannot be proven, which a waiter would be
+			// refused behind).
+			pm.State = lifecycle.Waking
+		}
 		if mm.Proc.HaveMemory {
 			pm.HostBytes = mm.Proc.MemoryBytes
 		}
