@@ -797,7 +797,9 @@ func TestDesk_JustAwakeHolderIsNotUntracked(t *testing.T) {
 		r.setLeases("a", 1)                  // its stream
 		b := r.add("b", 16*GiB, lifecycle.Sleeping)
 		r.onMeasure = func(ms *measure.Measurement) {
-			a.set(func(s *model.Snapshot) { s.Lifecycle.State, s.Lifecycle.Since = lifecycle.Awake, ms.At.Add(time.Nanosecond) })
+			a.set(func(s *model.Snapshot) {
+				s.Lifecycle.State, s.Lifecycle.Since = lifecycle.Awake, ms.At.Add(time.Nanosecond)
+			})
 		}
 		r.run()
 		bw := r.wake(b, t0)
