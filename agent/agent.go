@@ -214,6 +214,11 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
+	// SIGHUP is taken before the gateway answers: a reload asked as soon as
+	// napd serves (its /health) must not meet Go's default, which exits.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	srv, err := a.serve(cfg)
 	if err != nil {
 		return err
@@ -226,10 +231,6 @@ func Run(ctx context.Context, opts Options) error {
 	go func() { defer a.helpers.Done(); a.notify.Status(runCtx, a.statusLine) }()
 	a.desk.WarmOnStart(runCtx)
 	go a.notify.Watchdog(runCtx, a.healthy)
-
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 
 	a.notify.Ready()
 	a.notify.Kick()
