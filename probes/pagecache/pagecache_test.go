@@ -71,12 +71,15 @@ func TestWarmDropResident(t *testing.T) {
 		t.Fatal(err)
 	}
 	// readahead returns once the reads are queued: wait for them, bounded.
+	// The kernel may drop a few pages again at any time (a busy VM's page
+	// cache does, with memory to spare): nine tenths resident is warm.
+	warm := int64(size) * 9 / 10
 	deadline := time.Now().Add(10 * time.Second)
-	for resident(t, path) < size && time.Now().Before(deadline) {
+	for resident(t, path) < warm && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if r := resident(t, path); r != size {
-		t.Fatalf("after Warm %d of %d bytes resident (after Drop: %d)", r, size, dropped)
+	if r := resident(t, path); r < warm {
+		t.Fatalf("after Warm %d of %d bytes resident (after Drop: %d), want nine tenths at least", r, size, dropped)
 	}
 	if err := c.Drop(path); err != nil {
 		t.Fatal(err)
